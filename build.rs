@@ -1,0 +1,185 @@
+//! Build script: finds the system's libibverbs, generates the raw bindings
+//! (`rdma_verbs::sys`) with bindgen from `wrapper.h`, and compiles C wrappers
+//! for the `static inline` functions of `infiniband/verbs.h` with `cc`.
+//!
+//! Where libibverbs comes from:
+//! * `RDMA_CORE_DIR=<prefix>`: a custom rdma-core install or build tree
+//!   (headers in `<prefix>/include`, library in `<prefix>/lib64` or `<prefix>/lib`);
+//! * `IBVERBS_INCLUDE_DIR` / `IBVERBS_LIB_DIR`: the two directories named apart;
+//! * otherwise `pkg-config libibverbs`.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::exit;
+
+/// What to install, printed whenever a prerequisite is missing.
+const INSTALL_HINT: &str = "\
+Install the libibverbs development files and libclang, then build again:
+    Debian/Ubuntu:  sudo apt-get install libibverbs-dev pkg-config clang libclang-dev
+    Fedora/RHEL:    sudo dnf install rdma-core-devel pkgconf-pkg-config clang-devel
+    openSUSE:       sudo zypper install rdma-core-devel pkg-config clang-devel
+A custom rdma-core can be named with RDMA_CORE_DIR=<install prefix or build dir>,
+or with IBVERBS_INCLUDE_DIR and IBVERBS_LIB_DIR.";
+
+/// Stops the build with `what` and the install hint, instead of a backtrace.
+fn fail(what: &str) -> ! {
+    eprintln!("\nerror: rdma-verbs cannot be built: {what}\n\n{INSTALL_HINT}\n");
+    exit(1)
+}
+
+/// Where to find the headers and the library.
+struct Ibverbs {
+    include_dirs: Vec<PathBuf>,
+}
+
+fn env_path(name: &str) -> Option<PathBuf> {
+    println!("cargo:rerun-if-env-changed={name}");
+    env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+fn link_from(lib_dir: &Path) {
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-link-lib=ibverbs");
+}
+
+fn find_ibverbs() -> Ibverbs {
+    if let Some(prefix) = env_path("RDMA_CORE_DIR") {
+        let include = prefix.join("include");
+        let lib = ["lib64", "lib"]
+            .iter()
+            .map(|d| prefix.join(d))
+            .find(|d| d.join("libibverbs.so").exists())
+            .unwrap_or_else(|| {
+                fail(&format!(
+                    "RDMA_CORE_DIR={} has no lib/libibverbs.so or lib64/libibverbs.so",
+                    prefix.display()
+                ))
+            });
+        link_from(&lib);
+        return Ibverbs {
+            include_dirs: vec![include],
+        };
+    }
+    let include = env_path("IBVERBS_INCLUDE_DIR");
+    let lib = env_path("IBVERBS_LIB_DIR");
+    match (include, lib) {
+        (Some(include), Some(lib)) => {
+            link_from(&lib);
+            return Ibverbs {
+                include_dirs: vec![include],
+            };
+        }
+        (None, None) => {}
+        _ => fail("IBVERBS_INCLUDE_DIR and IBVERBS_LIB_DIR must be set together"),
+    }
+    match pkg_config::Config::new()
+        .atleast_version("1.1")
+        .probe("libibverbs")
+    {
+        Ok(lib) => Ibverbs {
+            include_dirs: lib.include_paths,
+        },
+        Err(e) => fail(&format!("pkg-config did not find libibverbs ({e})")),
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let ibverbs = find_ibverbs();
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
+    let wrapper = manifest_dir.join("wrapper.h");
+
+    if !ibverbs
+        .include_dirs
+        .iter()
+        .chain(std::iter::once(&PathBuf::from("/usr/include")))
+        .any(|d| d.join("infiniband/verbs.h").exists())
+    {
+        fail("infiniband/verbs.h was not found");
+    }
+    // Dependents (`links = "ibverbs"`) can read this as DEP_IBVERBS_INCLUDE.
+    if let Some(dir) = ibverbs.include_dirs.first() {
+        println!("cargo:include={}", dir.display());
+    }
+
+    let static_fns = out_dir.join("verbs_static_fns");
+    let mut builder = bindgen::Builder::default()
+        .header(wrapper.to_string_lossy())
+        .clang_args(
+            ibverbs
+                .include_dirs
+                .iter()
+                .map(|d| format!("-I{}", d.display())),
+        )
+        .allowlist_function("_*ibv_.*")
+        .allowlist_type("ibv_.*")
+        .allowlist_var("IBV_.*")
+        .allowlist_var("RDMA_VERBS_.*")
+        // Non-flag C enums become modules of constants (`ibv_qp_state::IBV_QPS_RTS`
+        // of type `ibv_qp_state::Type`): an out-of-range value read from C is
+        // then just a number, never undefined behaviour.
+        .default_enum_style(bindgen::EnumVariation::ModuleConsts)
+        // Anonymous enums (`enum { IBV_LINK_LAYER_ETHERNET, ... }`) would get
+        // unstable `_bindgen_ty_N` module names: make them plain constants.
+        .constified_enum("IBV_.*|RDMA_VERBS_.*")
+        .derive_default(true)
+        .derive_debug(true)
+        .layout_tests(false)
+        .generate_comments(true)
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(&static_fns)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+    // Flag enums become bitfield newtypes with `|`/`&` (`ibv_access_flags::IBV_ACCESS_LOCAL_WRITE`).
+    for flags in [
+        r"ibv_.*_flags2?",
+        r"ibv_.*_mask",
+        r"ibv_raw_packet_caps",
+        r"ibv_odp_general_caps",
+        r"ibv_odp_transport_cap_bits",
+        r"ibv_rx_hash_fields",
+        r"ibv_pci_atomic_op_size",
+    ] {
+        builder = builder.bitfield_enum(flags);
+    }
+
+    // A missing libclang makes bindgen panic deep inside clang-sys; turn that
+    // into the same install hint as a missing libibverbs.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let generated =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    std::panic::set_hook(default_hook);
+    let bindings = match generated {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => fail(&format!(
+            "bindgen could not parse infiniband/verbs.h ({e}); is clang's resource directory installed?"
+        )),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("bindgen panicked");
+            fail(&format!("libclang is missing or unusable ({msg})"))
+        }
+    };
+    bindings
+        .write_to_file(out_dir.join("bindings.rs"))
+        .unwrap_or_else(|e| fail(&format!("cannot write bindings.rs: {e}")));
+
+    // The C wrappers bindgen wrote for the `static inline` functions.
+    let mut cc = cc::Build::new();
+    cc.file(static_fns.with_extension("c"))
+        .include(&manifest_dir)
+        .includes(&ibverbs.include_dirs)
+        .warnings(false);
+    cc.try_compile("rdma_verbs_static_fns")
+        .unwrap_or_else(|e| fail(&format!("compiling the static-inline wrappers failed: {e}")));
+    // The wrappers call into libibverbs, so it must come after them on the link line.
+    println!("cargo:rustc-link-lib=ibverbs");
+}

@@ -1,0 +1,443 @@
+//! Completion queues (`struct ibv_cq`) and work completions (`struct ibv_wc`).
+
+use crate::sys::{ibv_wc_opcode, ibv_wc_status};
+use std::ffi::c_int;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::error::{check_count, check_ptr, Error, Result};
+use crate::handle::{close_shared, Owned, RawObject};
+use crate::sys;
+
+impl RawObject for sys::ibv_cq {
+    const DESTROY: &'static str = "ibv_destroy_cq";
+    const NAME: &'static str = "completion queue";
+    unsafe fn destroy(ptr: *mut Self) -> c_int {
+        // SAFETY: the caller (`Owned`) passes a live CQ, once.
+        unsafe { sys::ibv_destroy_cq(ptr) }
+    }
+}
+
+pub(crate) type CqInner = Owned<sys::ibv_cq, Context>;
+
+/// A completion queue (`struct ibv_cq`).
+///
+/// Queue pairs that use it keep it alive. Polling is thread-safe (libibverbs
+/// locks inside the provider), and polling allocates nothing.
+///
+/// ```no_run
+/// use rdma_verbs::{Context, WorkCompletion};
+/// let ctx = Context::open_first()?;
+/// let cq = ctx.create_cq(256)?;
+/// let mut wcs = [WorkCompletion::default(); 16];
+/// for wc in cq.poll(&mut wcs)? {
+///     println!("wr {} finished: {:?}", wc.wr_id(), wc.status());
+/// }
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+#[doc(alias = "ibv_cq")]
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl Context {
+    /// Creates a completion queue with room for at least `cqe` completions.
+    #[doc(alias = "ibv_create_cq")]
+    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
+        CompletionQueue::new(self, cqe)
+    }
+}
+
+impl CompletionQueue {
+    /// Creates a completion queue on `ctx` with room for at least `cqe`
+    /// completions (the device may round up: see [`capacity`](Self::capacity)).
+    ///
+    /// `cqe` must be between 1 and the device's `max_cqe`.
+    #[doc(alias = "ibv_create_cq")]
+    pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
+        let max = ctx.attr().max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(Error::invalid(
+                "ibv_create_cq",
+                format!("cqe {cqe} is outside 1..={max} (the device's max_cqe)"),
+            ));
+        }
+        // SAFETY: live context; no user context, no completion channel, vector 0.
+        // `cqe <= max_cqe`, which is an int, so the cast is lossless.
+        let raw = unsafe {
+            sys::ibv_create_cq(
+                ctx.as_ptr(),
+                cqe as c_int,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        let raw = check_ptr("ibv_create_cq", raw)?;
+        // SAFETY: a fresh CQ owned by nobody else; it keeps `ctx` alive.
+        let inner = unsafe { Owned::new(raw, ctx.clone()) };
+        Ok(CompletionQueue {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
+        self.inner.as_ptr()
+    }
+
+    /// The context the CQ belongs to.
+    pub fn context(&self) -> &Context {
+        self.inner.keep()
+    }
+
+    /// How many completions the CQ holds (`cqe`), possibly more than asked for.
+    pub fn capacity(&self) -> u32 {
+        // SAFETY: the CQ is live; plain field read.
+        u32::try_from(unsafe { (*self.as_ptr()).cqe }).unwrap_or(0)
+    }
+
+    /// Polls up to `wcs.len()` completions into `wcs` and returns the filled part.
+    ///
+    /// An empty result means the CQ had nothing. Allocates nothing.
+    #[doc(alias = "ibv_poll_cq")]
+    pub fn poll<'a>(&self, wcs: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
+        let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
+        // SAFETY: live CQ; `wcs` has room for `n` `ibv_wc`s (`WorkCompletion`
+        // is `repr(transparent)` over `ibv_wc`). ibv_poll_cq is the inline that
+        // dispatches to the provider.
+        let rc = unsafe { sys::ibv_poll_cq(self.as_ptr(), n, wcs.as_mut_ptr().cast()) };
+        let got = check_count("ibv_poll_cq", rc)?.min(wcs.len());
+        Ok(&mut wcs[..got])
+    }
+
+    /// Destroys the CQ now, reporting failure.
+    ///
+    /// Fails with [`Error::InUse`] while other handles or queue pairs using
+    /// it are alive; it is then destroyed when the last of them is dropped.
+    #[doc(alias = "ibv_destroy_cq")]
+    pub fn close(self) -> Result<()> {
+        close_shared(self.inner)
+    }
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("device", &self.context().name())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+c_enum! {
+    /// The status of a work completion (`enum ibv_wc_status`).
+    #[doc(alias = "ibv_wc_status")]
+    pub enum WcStatus(ibv_wc_status): u32 {
+        /// The operation completed successfully.
+        Success = IBV_WC_SUCCESS,
+        /// Local length error: a message did not fit the posted buffers.
+        LocLenErr = IBV_WC_LOC_LEN_ERR,
+        /// Local QP operation error.
+        LocQpOpErr = IBV_WC_LOC_QP_OP_ERR,
+        /// Local EE context operation error.
+        LocEecOpErr = IBV_WC_LOC_EEC_OP_ERR,
+        /// Local protection error: a buffer is outside its MR or lacks access.
+        LocProtErr = IBV_WC_LOC_PROT_ERR,
+        /// Flushed: the QP went to the error state before this ran.
+        WrFlushErr = IBV_WC_WR_FLUSH_ERR,
+        /// Memory window bind error.
+        MwBindErr = IBV_WC_MW_BIND_ERR,
+        /// Bad response from the peer.
+        BadRespErr = IBV_WC_BAD_RESP_ERR,
+        /// Local access error.
+        LocAccessErr = IBV_WC_LOC_ACCESS_ERR,
+        /// Remote invalid request.
+        RemInvReqErr = IBV_WC_REM_INV_REQ_ERR,
+        /// Remote access error: bad rkey, address or rights.
+        RemAccessErr = IBV_WC_REM_ACCESS_ERR,
+        /// Remote operation error.
+        RemOpErr = IBV_WC_REM_OP_ERR,
+        /// Transport retries exceeded (the peer did not answer).
+        RetryExcErr = IBV_WC_RETRY_EXC_ERR,
+        /// RNR retries exceeded (the peer had no receive posted).
+        RnrRetryExcErr = IBV_WC_RNR_RETRY_EXC_ERR,
+        /// Local RDD violation.
+        LocRddViolErr = IBV_WC_LOC_RDD_VIOL_ERR,
+        /// Remote invalid RD request.
+        RemInvRdReqErr = IBV_WC_REM_INV_RD_REQ_ERR,
+        /// Remote aborted.
+        RemAbortErr = IBV_WC_REM_ABORT_ERR,
+        /// Invalid EE context number.
+        InvEecnErr = IBV_WC_INV_EECN_ERR,
+        /// Invalid EE context state.
+        InvEecStateErr = IBV_WC_INV_EEC_STATE_ERR,
+        /// Fatal error.
+        FatalErr = IBV_WC_FATAL_ERR,
+        /// Response timeout.
+        RespTimeoutErr = IBV_WC_RESP_TIMEOUT_ERR,
+        /// General error.
+        GeneralErr = IBV_WC_GENERAL_ERR,
+        /// Tag matching error.
+        TmErr = IBV_WC_TM_ERR,
+        /// Tag matching rendezvous incomplete.
+        TmRndvIncomplete = IBV_WC_TM_RNDV_INCOMPLETE,
+    }
+}
+
+c_enum! {
+    /// What a work completion was for (`enum ibv_wc_opcode`).
+    #[doc(alias = "ibv_wc_opcode")]
+    pub enum WcOpcode(ibv_wc_opcode): u32 {
+        /// A send (with or without immediate data).
+        Send = IBV_WC_SEND,
+        /// An RDMA write.
+        RdmaWrite = IBV_WC_RDMA_WRITE,
+        /// An RDMA read.
+        RdmaRead = IBV_WC_RDMA_READ,
+        /// An atomic compare-and-swap.
+        CompSwap = IBV_WC_COMP_SWAP,
+        /// An atomic fetch-and-add.
+        FetchAdd = IBV_WC_FETCH_ADD,
+        /// A memory window bind.
+        BindMw = IBV_WC_BIND_MW,
+        /// A local invalidate.
+        LocalInv = IBV_WC_LOCAL_INV,
+        /// A TSO send.
+        Tso = IBV_WC_TSO,
+        /// An atomic write.
+        AtomicWrite = IBV_WC_ATOMIC_WRITE,
+        /// A receive.
+        Recv = IBV_WC_RECV,
+        /// A receive of an RDMA write with immediate data.
+        RecvRdmaWithImm = IBV_WC_RECV_RDMA_WITH_IMM,
+        /// Tag matching: add.
+        TmAdd = IBV_WC_TM_ADD,
+        /// Tag matching: delete.
+        TmDel = IBV_WC_TM_DEL,
+        /// Tag matching: sync.
+        TmSync = IBV_WC_TM_SYNC,
+        /// Tag matching: receive.
+        TmRecv = IBV_WC_TM_RECV,
+        /// Tag matching: no tag.
+        TmNoTag = IBV_WC_TM_NO_TAG,
+        /// Driver-specific.
+        Driver1 = IBV_WC_DRIVER1,
+        /// Driver-specific.
+        Driver2 = IBV_WC_DRIVER2,
+        /// Driver-specific.
+        Driver3 = IBV_WC_DRIVER3,
+    }
+}
+
+bitflags::bitflags! {
+    /// Flags of a work completion (`enum ibv_wc_flags`).
+    #[doc(alias = "ibv_wc_flags")]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        /// `IBV_WC_GRH`: a GRH is in the first 40 bytes of the receive buffer (UD).
+        const GRH = sys::ibv_wc_flags::IBV_WC_GRH.0;
+        /// `IBV_WC_WITH_IMM`: immediate data is valid.
+        const WITH_IMM = sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        /// `IBV_WC_IP_CSUM_OK`: the IP checksum was verified.
+        const IP_CSUM_OK = sys::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+        /// `IBV_WC_WITH_INV`: an rkey was invalidated.
+        const WITH_INV = sys::ibv_wc_flags::IBV_WC_WITH_INV.0;
+        /// `IBV_WC_TM_SYNC_REQ`.
+        const TM_SYNC_REQ = sys::ibv_wc_flags::IBV_WC_TM_SYNC_REQ.0;
+        /// `IBV_WC_TM_MATCH`.
+        const TM_MATCH = sys::ibv_wc_flags::IBV_WC_TM_MATCH.0;
+        /// `IBV_WC_TM_DATA_VALID`.
+        const TM_DATA_VALID = sys::ibv_wc_flags::IBV_WC_TM_DATA_VALID.0;
+        // Flags newer providers report that this version does not name.
+        const _ = !0;
+    }
+}
+
+/// One work completion (`struct ibv_wc`), decoded on access.
+///
+/// It has the C struct's layout, so [`CompletionQueue::poll`] fills a slice
+/// of these directly, without copying or allocating.
+#[doc(alias = "ibv_wc")]
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct WorkCompletion(sys::ibv_wc);
+
+impl Default for WorkCompletion {
+    fn default() -> Self {
+        WorkCompletion(sys::ibv_wc::default())
+    }
+}
+
+impl WorkCompletion {
+    /// The `wr_id` of the work request this completes.
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
+    /// The status; `Err(raw)` for a status this crate does not know.
+    pub fn status(&self) -> Result<WcStatus, u32> {
+        WcStatus::from_raw(self.0.status).ok_or(self.0.status)
+    }
+
+    /// Whether the status is `IBV_WC_SUCCESS`.
+    pub fn is_success(&self) -> bool {
+        self.0.status == sys::ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// The operation; only meaningful when the status is success (the C
+    /// field is undefined otherwise). `Err(raw)` for an unknown opcode.
+    pub fn opcode(&self) -> Result<WcOpcode, u32> {
+        WcOpcode::from_raw(self.0.opcode).ok_or(self.0.opcode)
+    }
+
+    /// `vendor_err`: the provider's own error code for a failed completion.
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+
+    /// `byte_len`: bytes received (receives) or transferred.
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+
+    /// The flags.
+    pub fn flags(&self) -> WcFlags {
+        WcFlags::from_bits_retain(self.0.wc_flags)
+    }
+
+    /// The immediate data, in host order, when `IBV_WC_WITH_IMM` is set.
+    pub fn imm_data(&self) -> Option<u32> {
+        // SAFETY: both union members are plain u32s.
+        let raw = unsafe { self.0.__bindgen_anon_1.imm_data };
+        self.flags()
+            .contains(WcFlags::WITH_IMM)
+            .then(|| u32::from_be(raw))
+    }
+
+    /// The invalidated rkey, when `IBV_WC_WITH_INV` is set.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        // SAFETY: both union members are plain u32s.
+        let raw = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
+        self.flags().contains(WcFlags::WITH_INV).then_some(raw)
+    }
+
+    /// `qp_num`: the local QP this completion belongs to.
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+
+    /// `src_qp`: the sender's QP number (UD receives).
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+
+    /// `pkey_index` (GSI QPs).
+    pub fn pkey_index(&self) -> u16 {
+        self.0.pkey_index
+    }
+
+    /// `slid`: the sender's LID (UD receives on InfiniBand).
+    pub fn slid(&self) -> u16 {
+        self.0.slid
+    }
+
+    /// `sl`: the service level (UD receives).
+    pub fn sl(&self) -> u8 {
+        self.0.sl
+    }
+
+    /// `dlid_path_bits` (UD receives).
+    pub fn dlid_path_bits(&self) -> u8 {
+        self.0.dlid_path_bits
+    }
+}
+
+impl fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("WorkCompletion");
+        d.field("wr_id", &self.wr_id())
+            .field("status", &self.status());
+        if self.is_success() {
+            d.field("opcode", &self.opcode());
+        }
+        d.field("byte_len", &self.byte_len())
+            .field("qp_num", &self.qp_num())
+            .field("flags", &self.flags());
+        if let Some(imm) = self.imm_data() {
+            d.field("imm_data", &imm);
+        }
+        d.finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(f: impl FnOnce(&mut sys::ibv_wc)) -> WorkCompletion {
+        let mut raw = sys::ibv_wc::default();
+        f(&mut raw);
+        WorkCompletion(raw)
+    }
+
+    #[test]
+    fn decodes_a_receive_with_immediate() {
+        let w = wc(|r| {
+            r.wr_id = 42;
+            r.status = sys::ibv_wc_status::IBV_WC_SUCCESS;
+            r.opcode = sys::ibv_wc_opcode::IBV_WC_RECV;
+            r.byte_len = 100;
+            r.__bindgen_anon_1.imm_data = 0x1234_5678u32.to_be();
+            r.wc_flags = sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+            r.src_qp = 0x11;
+        });
+        assert_eq!(w.wr_id(), 42);
+        assert_eq!(w.status(), Ok(WcStatus::Success));
+        assert!(w.is_success());
+        assert_eq!(w.opcode(), Ok(WcOpcode::Recv));
+        assert_eq!(w.byte_len(), 100);
+        assert_eq!(w.imm_data(), Some(0x1234_5678));
+        assert_eq!(w.invalidated_rkey(), None);
+        assert_eq!(w.src_qp(), 0x11);
+    }
+
+    #[test]
+    fn immediate_is_absent_without_the_flag() {
+        let w = wc(|r| r.__bindgen_anon_1.imm_data = 7);
+        assert_eq!(w.imm_data(), None);
+    }
+
+    #[test]
+    fn unknown_status_is_reported_raw() {
+        let w = wc(|r| r.status = 999);
+        assert_eq!(w.status(), Err(999));
+        assert!(!w.is_success());
+        let w = wc(|r| r.status = sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
+        assert_eq!(w.status(), Ok(WcStatus::WrFlushErr));
+    }
+
+    #[test]
+    fn same_layout_as_ibv_wc() {
+        assert_eq!(
+            std::mem::size_of::<WorkCompletion>(),
+            std::mem::size_of::<sys::ibv_wc>()
+        );
+        assert_eq!(
+            std::mem::align_of::<WorkCompletion>(),
+            std::mem::align_of::<sys::ibv_wc>()
+        );
+    }
+
+    #[test]
+    fn status_and_opcode_round_trip() {
+        for s in WcStatus::ALL {
+            assert_eq!(WcStatus::from_raw(s.as_raw()), Some(*s));
+        }
+        for o in WcOpcode::ALL {
+            assert_eq!(WcOpcode::from_raw(o.as_raw()), Some(*o));
+        }
+        assert_eq!(WcOpcode::Recv.as_raw(), 128);
+    }
+}

@@ -1,0 +1,219 @@
+//! The crate's one error type, and the one place where C return conventions
+//! become `Result`s.
+
+use std::ffi::c_int;
+use std::fmt;
+use std::io;
+use std::ptr::NonNull;
+
+/// Everything that can go wrong in `rdma-verbs`.
+///
+/// Errors from libibverbs carry the verb that failed and its `errno`;
+/// errors caught before any call (bad arguments, unsupported features) say
+/// what was wrong, and in that case nothing was changed on the device.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A libibverbs call failed.
+    #[error("{verb} failed: {}", io::Error::from_raw_os_error(*.errno))]
+    Verb {
+        /// The C function that failed, e.g. `"ibv_create_qp"`.
+        verb: &'static str,
+        /// The `errno` it reported.
+        errno: i32,
+    },
+    /// An argument was refused before any call was made.
+    #[error("invalid argument to {verb}: {reason}")]
+    InvalidArgument {
+        /// The C function the call would have gone to.
+        verb: &'static str,
+        /// What was wrong with the argument.
+        reason: String,
+    },
+    /// The device does not support what was asked for.
+    #[error("{what} is not supported by device {device}{}", errno_suffix(*.errno))]
+    Unsupported {
+        /// What was asked for, e.g. `"RAW_PACKET queue pairs"`.
+        what: &'static str,
+        /// The device's name.
+        device: String,
+        /// The `errno` the device answered with, when it was asked.
+        errno: Option<i32>,
+    },
+    /// No device of that name exists.
+    #[error("no RDMA device named {0:?}")]
+    DeviceNotFound(String),
+    /// The system has no RDMA devices at all.
+    #[error("no RDMA devices found (is an RDMA driver loaded, e.g. `rdma link add rxe0 type rxe netdev eth0`?)")]
+    NoDevices,
+    /// `close()` was called on an object that other objects still depend on.
+    ///
+    /// The object stays alive and is destroyed when its last user is dropped.
+    #[error("cannot close the {object} now: {users} other object(s) still use it; it will be destroyed when they are dropped")]
+    InUse {
+        /// Which kind of object, e.g. `"protection domain"`.
+        object: &'static str,
+        /// How many other objects still hold it.
+        users: usize,
+    },
+    /// libibverbs returned a value this crate does not know how to decode.
+    #[error("{verb} returned an unexpected {field} value {value}")]
+    Unexpected {
+        /// The C function that returned it.
+        verb: &'static str,
+        /// The field, e.g. `"active_mtu"`.
+        field: &'static str,
+        /// The raw value.
+        value: i64,
+    },
+}
+
+fn errno_suffix(errno: Option<i32>) -> String {
+    match errno {
+        Some(e) => format!(" ({})", io::Error::from_raw_os_error(e)),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// The `errno` behind this error, when it came from libibverbs.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verb { errno, .. } => Some(*errno),
+            Error::Unsupported { errno, .. } => *errno,
+            _ => None,
+        }
+    }
+
+    /// The name of the C function involved, when there is one.
+    pub fn verb(&self) -> Option<&'static str> {
+        match self {
+            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } => Some(verb),
+            Error::Unexpected { verb, .. } => Some(verb),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(verb: &'static str, reason: impl fmt::Display) -> Self {
+        Error::InvalidArgument {
+            verb,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        let kind = match &e {
+            Error::Verb { errno, .. } => io::Error::from_raw_os_error(*errno).kind(),
+            Error::InvalidArgument { .. } => io::ErrorKind::InvalidInput,
+            Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
+            Error::InUse { .. } => io::ErrorKind::ResourceBusy,
+            Error::Unexpected { .. } => io::ErrorKind::InvalidData,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The calling thread's `errno`, or `fallback` when it is not set.
+fn last_errno(fallback: i32) -> i32 {
+    match io::Error::last_os_error().raw_os_error() {
+        Some(e) if e != 0 => e,
+        _ => fallback,
+    }
+}
+
+/// Checks a pointer returned by a verb that reports failure as NULL plus
+/// `errno` (`ibv_open_device`, `ibv_alloc_pd`, `ibv_create_qp`, ...).
+pub(crate) fn check_ptr<T>(verb: &'static str, ptr: *mut T) -> Result<NonNull<T>> {
+    NonNull::new(ptr).ok_or_else(|| Error::Verb {
+        verb,
+        // Some providers return NULL without setting errno; EINVAL is what
+        // libibverbs itself uses for "the provider refused".
+        errno: last_errno(libc::EINVAL),
+    })
+}
+
+/// Checks an `int` returned by a verb. libibverbs uses three conventions and
+/// this one function reads all of them: 0 is success; a positive value is the
+/// errno itself (`ibv_modify_qp`, `ibv_dealloc_pd`, ...); a negative value is
+/// either `-1` with `errno` set (`ibv_query_gid`, ...) or `-errno`
+/// (`ibv_poll_cq`, ...).
+pub(crate) fn check_rc(verb: &'static str, rc: c_int) -> Result<c_int> {
+    match rc {
+        0 => Ok(0),
+        1.. => Err(Error::Verb { verb, errno: rc }),
+        -1 => Err(Error::Verb {
+            verb,
+            errno: last_errno(libc::EINVAL),
+        }),
+        _ => Err(Error::Verb { verb, errno: -rc }),
+    }
+}
+
+/// Like [`check_rc`] for verbs whose non-negative result is a count
+/// (`ibv_poll_cq`, `ibv_query_gid_table`).
+pub(crate) fn check_count(verb: &'static str, rc: c_int) -> Result<usize> {
+    if rc >= 0 {
+        Ok(rc as usize)
+    } else {
+        check_rc(verb, rc).map(|_| 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positive_rc_is_the_errno() {
+        let e = check_rc("ibv_modify_qp", libc::EINVAL).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+        assert_eq!(e.verb(), Some("ibv_modify_qp"));
+        assert!(e
+            .to_string()
+            .starts_with("ibv_modify_qp failed: Invalid argument"));
+    }
+
+    #[test]
+    fn negative_rc_is_minus_errno() {
+        let e = check_rc("ibv_poll_cq", -libc::ENOMEM).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert_eq!(check_count("ibv_poll_cq", 3).unwrap(), 3);
+        assert!(check_count("ibv_poll_cq", -libc::EIO).is_err());
+    }
+
+    #[test]
+    fn minus_one_reads_errno() {
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() = libc::ENODATA };
+        let e = check_rc("ibv_query_gid", -1).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENODATA));
+    }
+
+    #[test]
+    fn null_pointer_is_an_error() {
+        // SAFETY: see above.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        let e = check_ptr::<u8>("ibv_alloc_pd", std::ptr::null_mut()).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        let mut x = 0u8;
+        assert!(check_ptr("ibv_alloc_pd", &mut x as *mut u8).is_ok());
+    }
+
+    #[test]
+    fn io_error_conversion_keeps_the_kind() {
+        let e: io::Error = Error::NoDevices.into();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let e: io::Error = Error::Verb {
+            verb: "x",
+            errno: libc::ENOMEM,
+        }
+        .into();
+        assert_eq!(e.kind(), io::ErrorKind::OutOfMemory);
+    }
+}

@@ -1,0 +1,107 @@
+//! Ownership of raw verbs objects: one place that destroys them, keeps what
+//! they depend on alive until then, and never panics while doing so.
+
+use std::ffi::c_int;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{check_rc, Error, Result};
+
+/// A raw libibverbs object type and the verb that destroys it.
+pub(crate) trait RawObject {
+    /// The destroying verb's name, for errors (`"ibv_dealloc_pd"`).
+    const DESTROY: &'static str;
+    /// What the object is called in messages (`"protection domain"`).
+    const NAME: &'static str;
+    /// Destroys the object.
+    ///
+    /// # Safety
+    /// `ptr` came from the matching create verb and is destroyed at most once.
+    unsafe fn destroy(ptr: *mut Self) -> c_int;
+}
+
+/// Owns one raw object of type `T` and what it depends on (`K`: its parents'
+/// handles, its buffer, ...). `K` is dropped only after `T` is destroyed, so
+/// a parent can never be freed under its child, whatever order the user
+/// drops things in.
+pub(crate) struct Owned<T: RawObject, K> {
+    ptr: NonNull<T>,
+    keep: ManuallyDrop<K>,
+}
+
+impl<T: RawObject, K> Owned<T, K> {
+    /// Takes ownership of `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is a live object from `T`'s create verb, owned by nobody else,
+    /// and `keep` holds everything that must outlive it.
+    pub(crate) unsafe fn new(ptr: NonNull<T>, keep: K) -> Self {
+        Owned {
+            ptr,
+            keep: ManuallyDrop::new(keep),
+        }
+    }
+
+    /// The raw pointer, valid while `self` lives.
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// What this object keeps alive.
+    pub(crate) fn keep(&self) -> &K {
+        &self.keep
+    }
+
+    /// Destroys the object. On failure the object still exists on the device,
+    /// so what it depends on is leaked rather than freed under it.
+    fn destroy(&mut self) -> Result<()> {
+        // SAFETY: `ptr` is live and owned by `self` (see `new`), and this is
+        // called exactly once: from `close` (which then skips `Drop`) or from `Drop`.
+        let rc = unsafe { T::destroy(self.ptr.as_ptr()) };
+        let result = check_rc(T::DESTROY, rc).map(|_| ());
+        if result.is_ok() {
+            // SAFETY: `keep` is taken once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.keep) };
+        }
+        result
+    }
+
+    /// Destroys the object now and reports failure.
+    pub(crate) fn close(self) -> Result<()> {
+        let mut this = ManuallyDrop::new(self);
+        this.destroy()
+    }
+}
+
+impl<T: RawObject, K> Drop for Owned<T, K> {
+    fn drop(&mut self) {
+        // A failure cannot be reported from here; `close()` exists for callers
+        // who want to see it. Either way nothing panics.
+        let _ = self.destroy();
+    }
+}
+
+/// Closes a shared object if `arc` is its last handle.
+pub(crate) fn close_shared<T: RawObject, K>(arc: Arc<Owned<T, K>>) -> Result<()> {
+    match Arc::try_unwrap(arc) {
+        Ok(owned) => owned.close(),
+        Err(arc) => Err(Error::InUse {
+            object: T::NAME,
+            users: Arc::strong_count(&arc) - 1,
+        }),
+    }
+}
+
+// SAFETY: libibverbs objects may be used and destroyed from any thread.
+// verbs(7): "This library is a thread safe library and verbs can be called
+// from every thread in the process. The same resource can even be handled
+// from different threads"; ibv_alloc_td(3): "By default all verbs objects are
+// safe for multi-threaded access" (this crate never creates thread domains,
+// which are what turn that locking off). `Owned` is destroyed exactly once,
+// from whichever thread drops or closes it last, and `K` moves with it, hence
+// the `K: Send` bound.
+unsafe impl<T: RawObject, K: Send> Send for Owned<T, K> {}
+// SAFETY: shared access only calls verbs through `as_ptr`, which libibverbs
+// serialises internally as quoted above; `keep()` hands out `&K`, hence `K: Sync`.
+unsafe impl<T: RawObject, K: Sync> Sync for Owned<T, K> {}

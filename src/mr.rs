@@ -1,0 +1,323 @@
+//! Memory regions (`struct ibv_mr`) that own their buffer.
+
+use std::alloc::{self, Layout};
+use std::ffi::c_int;
+use std::fmt;
+use std::ptr::NonNull;
+
+use crate::error::{check_ptr, Error, Result};
+use crate::handle::{Owned, RawObject};
+use crate::pd::ProtectionDomain;
+use crate::sys;
+
+bitflags::bitflags! {
+    /// Access rights of a memory region or a QP (`enum ibv_access_flags`).
+    ///
+    /// Local read access is always granted. `REMOTE_WRITE` and
+    /// `REMOTE_ATOMIC` on a memory region need `LOCAL_WRITE` too.
+    #[doc(alias = "ibv_access_flags")]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AccessFlags: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`: the device may write the memory (receives, RDMA read responses).
+        const LOCAL_WRITE = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA-write the memory.
+        const REMOTE_WRITE = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA-read the memory.
+        const REMOTE_READ = sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on the memory.
+        const REMOTE_ATOMIC = sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region.
+        const MW_BIND = sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+        /// `IBV_ACCESS_ZERO_BASED`: remote addresses are offsets from the region's start.
+        const ZERO_BASED = sys::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
+        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging.
+        const ON_DEMAND = sys::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
+        /// `IBV_ACCESS_HUGETLB`: the memory is backed by huge pages.
+        const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
+        /// `IBV_ACCESS_RELAXED_ORDERING`: PCI relaxed ordering (optional: ignored where unsupported).
+        const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+    }
+}
+
+impl RawObject for sys::ibv_mr {
+    const DESTROY: &'static str = "ibv_dereg_mr";
+    const NAME: &'static str = "memory region";
+    unsafe fn destroy(ptr: *mut Self) -> c_int {
+        // SAFETY: the caller (`Owned`) passes a live MR, once.
+        unsafe { sys::ibv_dereg_mr(ptr) }
+    }
+}
+
+/// A page-aligned, zeroed heap buffer that only the memory region touches.
+pub(crate) struct Buffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: `Buffer` is plain heap memory owned by one value; nothing in it is
+// tied to a thread.
+unsafe impl Send for Buffer {}
+// SAFETY: `Buffer` itself offers no access; `MemoryRegion` gives shared
+// access only through `&self` reads and exclusive access through `&mut self`.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    fn new(len: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len, page_size()).ok()?;
+        if layout.size() == 0 {
+            return None;
+        }
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })?;
+        Some(Buffer { ptr, layout })
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once. `Owned`
+        // drops its `keep` (which holds this) only after ibv_dereg_mr succeeded.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    }
+}
+
+/// A registered memory region (`struct ibv_mr`) over a buffer it owns.
+///
+/// The buffer is page-aligned and starts zeroed. Because the device may read
+/// or write it at any time (a receive, a peer's RDMA write), it is never lent
+/// out as a Rust slice in safe code: data goes in and out by copy with
+/// [`write`](Self::write) and [`read`](Self::read). The region keeps its
+/// [`ProtectionDomain`] alive; the buffer is freed only after deregistration.
+///
+/// ```no_run
+/// use rdma_verbs::{AccessFlags, Context};
+/// let pd = Context::open_first()?.alloc_pd()?;
+/// let mut mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+/// mr.write(0, b"hello")?;
+/// let mut back = [0u8; 5];
+/// mr.read(0, &mut back)?;
+/// assert_eq!(&back, b"hello");
+/// println!("addr {:#x} rkey {:#x}", mr.addr(), mr.rkey());
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+#[doc(alias = "ibv_mr")]
+pub struct MemoryRegion {
+    inner: Owned<sys::ibv_mr, (ProtectionDomain, Buffer)>,
+    access: AccessFlags,
+}
+
+impl ProtectionDomain {
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it.
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn register(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        MemoryRegion::new(self, len, access)
+    }
+}
+
+impl MemoryRegion {
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it in `pd`.
+    ///
+    /// Refused before any call: `len == 0`, `len` above the device's
+    /// `max_mr_size`, and `REMOTE_WRITE`/`REMOTE_ATOMIC` without `LOCAL_WRITE`
+    /// (ibv_reg_mr(3) requires it).
+    #[doc(alias = "ibv_reg_mr")]
+    #[doc(alias = "ibv_reg_mr_iova2")]
+    pub fn new(pd: &ProtectionDomain, len: usize, access: AccessFlags) -> Result<Self> {
+        const VERB: &str = "ibv_reg_mr";
+        check_access(access)?;
+        if len == 0 {
+            return Err(Error::invalid(VERB, "a memory region cannot be empty"));
+        }
+        let max = pd.context().attr().max_mr_size;
+        if max != 0 && len as u64 > max {
+            return Err(Error::invalid(
+                VERB,
+                format!("{len} bytes is more than the device's max_mr_size of {max}"),
+            ));
+        }
+        let buf = Buffer::new(len)
+            .ok_or_else(|| Error::invalid(VERB, format!("cannot allocate {len} bytes")))?;
+        let addr = buf.ptr.as_ptr();
+        // SAFETY: the PD is live; `addr..addr+len` is a live allocation that
+        // `Owned` keeps (in `keep`) until after ibv_dereg_mr. iova = addr, as
+        // plain ibv_reg_mr does; the _iova2 form accepts every access flag.
+        let raw = unsafe {
+            sys::ibv_reg_mr_iova2(pd.as_ptr(), addr.cast(), len, addr as u64, access.bits())
+        };
+        let raw = check_ptr(VERB, raw)?;
+        // SAFETY: a fresh MR owned by nobody else; it keeps its PD and buffer alive.
+        let inner = unsafe { Owned::new(raw, (pd.clone(), buf)) };
+        Ok(MemoryRegion { inner, access })
+    }
+
+    fn raw(&self) -> &sys::ibv_mr {
+        // SAFETY: the MR is live while `self` is; libibverbs does not change
+        // these fields after ibv_reg_mr returns.
+        unsafe { &*self.inner.as_ptr() }
+    }
+
+    fn buffer(&self) -> &Buffer {
+        &self.inner.keep().1
+    }
+
+    /// The region's length in bytes.
+    pub fn len(&self) -> usize {
+        self.buffer().layout.size()
+    }
+
+    /// Always false: empty regions are refused at registration.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The local key, for scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        self.raw().lkey
+    }
+
+    /// The remote key, for peers' RDMA operations.
+    pub fn rkey(&self) -> u32 {
+        self.raw().rkey
+    }
+
+    /// The address peers use for RDMA operations on this region (its iova).
+    pub fn addr(&self) -> u64 {
+        self.raw().addr as u64
+    }
+
+    /// The access rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The protection domain it is registered in.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.keep().0
+    }
+
+    fn check_range(&self, verb: &'static str, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::invalid(
+                verb,
+                format!(
+                    "bytes {offset}..{} are outside the {}-byte region",
+                    offset.saturating_add(len),
+                    self.len()
+                ),
+            )),
+        }
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range("MemoryRegion::write", offset, data.len())?;
+        // SAFETY: the range is inside the live buffer (checked above); the
+        // buffer is never lent out as a reference, and `&mut self` excludes
+        // every other Rust access for the duration of the copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.buffer().ptr.as_ptr().add(offset),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies bytes from the region at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range("MemoryRegion::read", offset, out.len())?;
+        // SAFETY: the range is inside the live buffer (checked above); no
+        // `&mut` access can run while `&self` is held; `out` cannot alias the
+        // buffer because the buffer is never lent out.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.buffer().ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// The whole region copied into a `Vec`.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        self.read(0, &mut v).expect("the whole region is in range");
+        v
+    }
+
+    /// Deregisters the region now and frees its buffer, reporting failure.
+    ///
+    /// On failure the region stays registered and its buffer is leaked, so
+    /// the device can never touch freed memory.
+    #[doc(alias = "ibv_dereg_mr")]
+    pub fn close(self) -> Result<()> {
+        self.inner.close()
+    }
+}
+
+/// ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is
+/// set, then IBV_ACCESS_LOCAL_WRITE must be set too."
+fn check_access(access: AccessFlags) -> Result<()> {
+    let remote = access & (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+    if !remote.is_empty() && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(Error::invalid(
+            "ibv_reg_mr",
+            format!("{remote:?} requires AccessFlags::LOCAL_WRITE (IBV_ACCESS_LOCAL_WRITE)"),
+        ));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_write_needs_local_write() {
+        assert!(check_access(AccessFlags::REMOTE_READ).is_ok());
+        assert!(check_access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).is_ok());
+        let e = check_access(AccessFlags::REMOTE_WRITE).unwrap_err();
+        assert!(e.to_string().contains("IBV_ACCESS_LOCAL_WRITE"), "{e}");
+        assert!(check_access(AccessFlags::REMOTE_ATOMIC).is_err());
+    }
+
+    #[test]
+    fn access_flags_match_c() {
+        assert_eq!(AccessFlags::LOCAL_WRITE.bits(), 1);
+        assert_eq!(AccessFlags::REMOTE_ATOMIC.bits(), 8);
+        assert_eq!(AccessFlags::RELAXED_ORDERING.bits(), 1 << 20);
+    }
+
+    #[test]
+    fn buffers_are_page_aligned_and_zeroed() {
+        let b = Buffer::new(10_000).unwrap();
+        assert_eq!(b.ptr.as_ptr() as usize % page_size(), 0);
+        // SAFETY: 10_000 bytes were just allocated and zeroed.
+        let s = unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), 10_000) };
+        assert!(s.iter().all(|&x| x == 0));
+        assert!(Buffer::new(0).is_none());
+    }
+}

@@ -1,0 +1,315 @@
+//! Queue pairs (`struct ibv_qp`): creation, and reading their attributes back.
+
+mod query;
+mod types;
+
+pub use query::{QpAttributes, QpInitAttributes};
+pub use types::{QpState, QpType};
+
+use std::ffi::c_int;
+use std::fmt;
+
+use crate::cq::CompletionQueue;
+use crate::error::{check_ptr, Error, Result};
+use crate::handle::{Owned, RawObject};
+use crate::pd::ProtectionDomain;
+use crate::port::LinkLayer;
+use crate::sys;
+
+impl RawObject for sys::ibv_qp {
+    const DESTROY: &'static str = "ibv_destroy_qp";
+    const NAME: &'static str = "queue pair";
+    unsafe fn destroy(ptr: *mut Self) -> c_int {
+        // SAFETY: the caller (`Owned`) passes a live QP, once.
+        unsafe { sys::ibv_destroy_qp(ptr) }
+    }
+}
+
+/// The sizes of a queue pair's queues (`struct ibv_qp_cap`).
+///
+/// When creating a QP these are minimums; the device may give more, and
+/// [`QueuePair::caps`] reports what it gave.
+#[doc(alias = "ibv_qp_cap")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpCaps {
+    /// `max_send_wr`: outstanding send work requests.
+    pub max_send_wr: u32,
+    /// `max_recv_wr`: outstanding receive work requests.
+    pub max_recv_wr: u32,
+    /// `max_send_sge`: scatter/gather entries per send work request.
+    pub max_send_sge: u32,
+    /// `max_recv_sge`: scatter/gather entries per receive work request.
+    pub max_recv_sge: u32,
+    /// `max_inline_data`: bytes that can be sent inline.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    /// 16 send and 16 receive work requests, one SGE each, no inline data.
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        }
+    }
+}
+
+impl QpCaps {
+    pub(crate) fn from_raw(c: &sys::ibv_qp_cap) -> Self {
+        QpCaps {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        }
+    }
+
+    fn to_raw(self) -> sys::ibv_qp_cap {
+        sys::ibv_qp_cap {
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            max_send_sge: self.max_send_sge,
+            max_recv_sge: self.max_recv_sge,
+            max_inline_data: self.max_inline_data,
+        }
+    }
+}
+
+/// What to create a queue pair with (`struct ibv_qp_init_attr`).
+///
+/// ```no_run
+/// use rdma_verbs::{Context, QpCaps, QpInitAttr, QpType};
+/// let ctx = Context::open_first()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64)?;
+/// let qp = pd.create_qp(
+///     &QpInitAttr::new(QpType::Rc, &cq, &cq)
+///         .caps(QpCaps { max_send_wr: 32, ..QpCaps::default() })
+///         .sq_sig_all(true),
+/// )?;
+/// println!("QP number {:#x}", qp.qp_num());
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+#[doc(alias = "ibv_qp_init_attr")]
+#[derive(Debug, Clone)]
+pub struct QpInitAttr<'a> {
+    qp_type: QpType,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    caps: QpCaps,
+    sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// A QP of type `qp_type` whose sends complete on `send_cq` and receives
+    /// on `recv_cq` (which may be the same CQ), with [`QpCaps::default`] and
+    /// only signalled sends generating completions.
+    pub fn new(
+        qp_type: QpType,
+        send_cq: &'a CompletionQueue,
+        recv_cq: &'a CompletionQueue,
+    ) -> Self {
+        QpInitAttr {
+            qp_type,
+            send_cq,
+            recv_cq,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        }
+    }
+
+    /// Sets the queue sizes (`cap`).
+    pub fn caps(mut self, caps: QpCaps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// Whether every send generates a completion (`sq_sig_all`), rather than
+    /// only those posted with the signalled flag.
+    pub fn sq_sig_all(mut self, all: bool) -> Self {
+        self.sq_sig_all = all;
+        self
+    }
+}
+
+/// What a queue pair keeps alive: its PD and its CQs.
+struct QpKeep {
+    pd: ProtectionDomain,
+    _send_cq: CompletionQueue,
+    _recv_cq: CompletionQueue,
+}
+
+/// A queue pair (`struct ibv_qp`).
+///
+/// It keeps its [`ProtectionDomain`] and both [`CompletionQueue`]s alive, so
+/// they can be dropped in any order.
+#[doc(alias = "ibv_qp")]
+pub struct QueuePair {
+    inner: Owned<sys::ibv_qp, QpKeep>,
+    qp_type: QpType,
+    caps: QpCaps,
+}
+
+impl ProtectionDomain {
+    /// Creates a queue pair in this PD.
+    #[doc(alias = "ibv_create_qp")]
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        QueuePair::new(self, attr)
+    }
+}
+
+impl QueuePair {
+    /// Creates a queue pair in `pd`, in the RESET state.
+    ///
+    /// Refused before any call: CQs of another device context, queue sizes
+    /// beyond the device's `max_qp_wr`/`max_sge`, XRC or driver types (which
+    /// need `ibv_create_qp_ex`), and RAW_PACKET on a device with no Ethernet
+    /// port. A device that refuses RAW_PACKET answers with
+    /// [`Error::Unsupported`].
+    #[doc(alias = "ibv_create_qp")]
+    pub fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
+        const VERB: &str = "ibv_create_qp";
+        let ctx = pd.context();
+        for (which, cq) in [("send_cq", attr.send_cq), ("recv_cq", attr.recv_cq)] {
+            if !cq.context().same_as(ctx) {
+                return Err(Error::invalid(
+                    VERB,
+                    format!("{which} belongs to another device context than the PD"),
+                ));
+            }
+        }
+        let dev = ctx.attr();
+        let caps = attr.caps;
+        for (name, value, max, limit) in [
+            ("max_send_wr", caps.max_send_wr, dev.max_qp_wr, "max_qp_wr"),
+            ("max_recv_wr", caps.max_recv_wr, dev.max_qp_wr, "max_qp_wr"),
+            ("max_send_sge", caps.max_send_sge, dev.max_sge, "max_sge"),
+            ("max_recv_sge", caps.max_recv_sge, dev.max_sge, "max_sge"),
+        ] {
+            if value > max {
+                return Err(Error::invalid(
+                    VERB,
+                    format!("{name} {value} is more than the device's {limit} of {max}"),
+                ));
+            }
+        }
+        match attr.qp_type {
+            QpType::Rc | QpType::Uc | QpType::Ud => {}
+            QpType::RawPacket => {
+                let ethernet = ctx
+                    .ports()
+                    .filter_map(|p| ctx.query_port(p).ok())
+                    .any(|p| p.link_layer == LinkLayer::Ethernet);
+                if !ethernet {
+                    return Err(Error::Unsupported {
+                        what: "RAW_PACKET queue pairs (no Ethernet port)",
+                        device: ctx.name().to_owned(),
+                        errno: None,
+                    });
+                }
+            }
+            other => {
+                return Err(Error::invalid(
+                    VERB,
+                    format!(
+                        "{} QPs cannot be created with ibv_create_qp",
+                        other.short_name()
+                    ),
+                ))
+            }
+        }
+
+        let mut raw_attr = sys::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: attr.send_cq.as_ptr(),
+            recv_cq: attr.recv_cq.as_ptr(),
+            srq: std::ptr::null_mut(),
+            cap: caps.to_raw(),
+            qp_type: attr.qp_type.as_raw(),
+            sq_sig_all: c_int::from(attr.sq_sig_all),
+        };
+        // SAFETY: PD and CQs are live (borrowed for the call) and belong to
+        // the same context (checked above); `raw_attr` is a valid in/out struct.
+        let raw = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut raw_attr) };
+        let raw = match check_ptr(VERB, raw) {
+            Ok(raw) => raw,
+            Err(e) if attr.qp_type == QpType::RawPacket && is_unsupported(&e) => {
+                return Err(Error::Unsupported {
+                    what: "RAW_PACKET queue pairs",
+                    device: ctx.name().to_owned(),
+                    errno: e.errno(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let keep = QpKeep {
+            pd: pd.clone(),
+            _send_cq: attr.send_cq.clone(),
+            _recv_cq: attr.recv_cq.clone(),
+        };
+        // SAFETY: a fresh QP owned by nobody else; `keep` holds its PD and CQs.
+        let inner = unsafe { Owned::new(raw, keep) };
+        Ok(QueuePair {
+            inner,
+            qp_type: attr.qp_type,
+            // ibv_create_qp wrote back the sizes the device actually gave.
+            caps: QpCaps::from_raw(&raw_attr.cap),
+        })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
+        self.inner.as_ptr()
+    }
+
+    /// The QP number, which peers address it by.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: the QP is live; `qp_num` is set at creation and never changes.
+        unsafe { (*self.as_ptr()).qp_num }
+    }
+
+    /// The transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The queue sizes the device gave at creation.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// The protection domain the QP was created in.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.keep().pd
+    }
+
+    /// Destroys the QP now, reporting failure.
+    ///
+    /// On failure the QP is leaked together with its PD and CQs, which are
+    /// never freed under it.
+    #[doc(alias = "ibv_destroy_qp")]
+    pub fn close(self) -> Result<()> {
+        self.inner.close()
+    }
+}
+
+/// errnos with which kernels and providers refuse a QP type they do not implement.
+fn is_unsupported(e: &Error) -> bool {
+    matches!(
+        e.errno(),
+        Some(libc::EOPNOTSUPP | libc::EINVAL | libc::EPROTONOSUPPORT | libc::ENOSYS)
+    )
+}
+
+impl fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qp_num", &format_args!("{:#x}", self.qp_num()))
+            .field("qp_type", &self.qp_type)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}

@@ -1,0 +1,18 @@
+//! Tests against a real RDMA device (a NIC, or soft-RoCE in the VM run).
+//! See `tests/common/mod.rs` for how the device is chosen and skipped.
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+
+mod context;
+mod objects;
+mod qp;
+
+fn main() -> std::process::ExitCode {
+    let mut tests = Vec::new();
+    tests.extend_from_slice(context::TESTS);
+    tests.extend_from_slice(objects::TESTS);
+    tests.extend_from_slice(qp::TESTS);
+    common::run("device", &tests)
+}
