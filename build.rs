@@ -4,7 +4,8 @@
 //!
 //! Where libibverbs comes from:
 //! * `RDMA_CORE_DIR=<prefix>`: a custom rdma-core install or build tree
-//!   (headers in `<prefix>/include`, library in `<prefix>/lib64` or `<prefix>/lib`);
+//!   (headers in `<prefix>/include`, library in `<prefix>/lib64`, `<prefix>/lib`
+//!   or `<prefix>/lib/<triple>`);
 //! * `IBVERBS_INCLUDE_DIR` / `IBVERBS_LIB_DIR`: the two directories named apart;
 //! * otherwise `pkg-config libibverbs`.
 
@@ -47,13 +48,17 @@ fn link_from(lib_dir: &Path) {
 fn find_ibverbs() -> Ibverbs {
     if let Some(prefix) = env_path("RDMA_CORE_DIR") {
         let include = prefix.join("include");
-        let lib = ["lib64", "lib"]
-            .iter()
-            .map(|d| prefix.join(d))
+        // lib64, lib, and Debian's multiarch lib/<triple>.
+        let mut candidates = vec![prefix.join("lib64"), prefix.join("lib")];
+        if let Ok(entries) = std::fs::read_dir(prefix.join("lib")) {
+            candidates.extend(entries.flatten().map(|e| e.path()));
+        }
+        let lib = candidates
+            .into_iter()
             .find(|d| d.join("libibverbs.so").exists())
             .unwrap_or_else(|| {
                 fail(&format!(
-                    "RDMA_CORE_DIR={} has no lib/libibverbs.so or lib64/libibverbs.so",
+                    "RDMA_CORE_DIR={} has no libibverbs.so in lib64/, lib/ or lib/<triple>/",
                     prefix.display()
                 ))
             });

@@ -260,15 +260,9 @@ bitflags::bitflags! {
 /// It has the C struct's layout, so [`CompletionQueue::poll`] fills a slice
 /// of these directly, without copying or allocating.
 #[doc(alias = "ibv_wc")]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 #[repr(transparent)]
 pub struct WorkCompletion(sys::ibv_wc);
-
-impl Default for WorkCompletion {
-    fn default() -> Self {
-        WorkCompletion(sys::ibv_wc::default())
-    }
-}
 
 impl WorkCompletion {
     /// The `wr_id` of the work request this completes.

@@ -3,7 +3,7 @@
 /// Declares a Rust enum that mirrors a C enum of `sys`, with `from_raw`,
 /// `as_raw`, `c_name` and `ALL`. Each variant is documented with its C name.
 ///
-/// ```ignore
+/// ```text
 /// c_enum! {
 ///     /// Doc.
 ///     pub enum QpState(ibv_qp_state): u32 {
