@@ -63,7 +63,11 @@ fn run(opts: &Options) -> Result<()> {
         return Err(rdma_verbs::Error::NoDevices);
     }
     if opts.list_only {
-        println!("{} HCA{} found:", list.len(), if list.len() == 1 { "" } else { "s" });
+        println!(
+            "{} HCA{} found:",
+            list.len(),
+            if list.len() == 1 { "" } else { "s" }
+        );
         for d in list.iter() {
             println!("\t{}", d.name());
         }
@@ -113,7 +117,10 @@ fn print_device(ctx: &Context, transport: rdma_verbs::TransportType, opts: &Opti
         println!("\tmax_srq_sge:\t\t\t{}", a.max_srq_sge);
         println!("\tmax_pkeys:\t\t\t{}", a.max_pkeys);
         println!("\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
-        println!("\tcompletion_timestamp_mask:\t{:#x}", a.completion_timestamp_mask);
+        println!(
+            "\tcompletion_timestamp_mask:\t{:#x}",
+            a.completion_timestamp_mask
+        );
         println!("\thca_core_clock:\t\t\t{} kHz", a.hca_core_clock_khz);
         println!(
             "\tpacket_pacing:\t\t\t{}..={} kbps",
@@ -128,8 +135,16 @@ fn print_device(ctx: &Context, transport: rdma_verbs::TransportType, opts: &Opti
         let p = ctx.query_port(port)?;
         println!("\t\tport:\t{port}");
         println!("\t\t\tstate:\t\t\t{} ({})", p.state, p.state.as_raw());
-        println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu.bytes(), p.max_mtu.as_raw());
-        println!("\t\t\tactive_mtu:\t\t{} ({})", p.active_mtu.bytes(), p.active_mtu.as_raw());
+        println!(
+            "\t\t\tmax_mtu:\t\t{} ({})",
+            p.max_mtu.bytes(),
+            p.max_mtu.as_raw()
+        );
+        println!(
+            "\t\t\tactive_mtu:\t\t{} ({})",
+            p.active_mtu.bytes(),
+            p.active_mtu.as_raw()
+        );
         println!("\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
         println!("\t\t\tport_lid:\t\t{}", p.lid);
         println!("\t\t\tport_lmc:\t\t{:#04x}", p.lmc);

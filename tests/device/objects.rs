@@ -93,7 +93,7 @@ fn mr_bad_arguments(env: &Env) -> Result<(), Failed> {
         other => return Err(format!("REMOTE_WRITE alone: {other:?}").into()),
     }
     let max = env.ctx.attr().max_mr_size;
-    if let Ok(too_big) = usize::try_from(max + 1) {
+    if let Some(too_big) = max.checked_add(1).and_then(|m| usize::try_from(m).ok()) {
         match pd.register(too_big, AccessFlags::empty()) {
             Err(Error::InvalidArgument { reason, .. }) => {
                 ensure!(reason.contains("max_mr_size"), "reason {reason}")
