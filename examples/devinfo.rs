@@ -87,7 +87,15 @@ fn run(opts: &Options) -> Result<()> {
 fn print_device(ctx: &Context, transport: rdma_verbs::TransportType, opts: &Options) -> Result<()> {
     let a = ctx.attr();
     println!("hca_id:\t{}", ctx.name());
-    println!("\ttransport:\t\t\t{} ({})", transport, transport.as_raw());
+    let transport_name = match transport {
+        rdma_verbs::TransportType::Ib => "InfiniBand",
+        rdma_verbs::TransportType::Iwarp => "iWARP",
+        other => other.c_name().trim_start_matches("IBV_TRANSPORT_"),
+    };
+    println!(
+        "\ttransport:\t\t\t{transport_name} ({})",
+        transport.as_raw()
+    );
     println!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
     println!("\tnode_guid:\t\t\t{}", a.node_guid);
     println!("\tsys_image_guid:\t\t\t{}", a.sys_image_guid);
@@ -105,7 +113,11 @@ fn print_device(ctx: &Context, transport: rdma_verbs::TransportType, opts: &Opti
     println!("\tmax_pd:\t\t\t\t{}", a.max_pd);
     println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
     println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
-    println!("\tatomic_cap:\t\t\t{}", a.atomic_cap);
+    println!(
+        "\tatomic_cap:\t\t\t{} ({})",
+        a.atomic_cap.c_name().trim_start_matches("IBV_"),
+        a.atomic_cap.as_raw()
+    );
     if opts.verbose {
         println!("\tdevice_cap_flags:\t\t{:?}", a.capabilities);
         println!("\tmax_sge_rd:\t\t\t{}", a.max_sge_rd);
@@ -134,7 +146,11 @@ fn print_device(ctx: &Context, transport: rdma_verbs::TransportType, opts: &Opti
         }
         let p = ctx.query_port(port)?;
         println!("\t\tport:\t{port}");
-        println!("\t\t\tstate:\t\t\t{} ({})", p.state, p.state.as_raw());
+        println!(
+            "\t\t\tstate:\t\t\t{} ({})",
+            p.state.c_name().trim_start_matches("IBV_"),
+            p.state.as_raw()
+        );
         println!(
             "\t\t\tmax_mtu:\t\t{} ({})",
             p.max_mtu.bytes(),

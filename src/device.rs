@@ -33,10 +33,10 @@ pub(crate) struct ListInner {
     len: usize,
 }
 
-// SAFETY: the array and the `ibv_device`s it points to are immutable after
-// `ibv_get_device_list` returns (libibverbs only reads them), and
-// `ibv_free_device_list` may be called from any thread (verbs(7): the library
-// is thread safe).
+// The array and the `ibv_device`s it points to are immutable after
+// `ibv_get_device_list` returns: libibverbs only reads them.
+// SAFETY: by the above, and `ibv_free_device_list` may run on any thread
+// (verbs(7): the library is thread safe).
 unsafe impl Send for ListInner {}
 // SAFETY: as above, shared access only reads.
 unsafe impl Sync for ListInner {}

@@ -93,14 +93,13 @@ pub(crate) fn close_shared<T: RawObject, K>(arc: Arc<Owned<T, K>>) -> Result<()>
     }
 }
 
-// SAFETY: libibverbs objects may be used and destroyed from any thread.
-// verbs(7): "This library is a thread safe library and verbs can be called
-// from every thread in the process. The same resource can even be handled
-// from different threads"; ibv_alloc_td(3): "By default all verbs objects are
-// safe for multi-threaded access" (this crate never creates thread domains,
-// which are what turn that locking off). `Owned` is destroyed exactly once,
-// from whichever thread drops or closes it last, and `K` moves with it, hence
-// the `K: Send` bound.
+// Threads. verbs(7): "This library is a thread safe library and verbs can be
+// called from every thread in the process. The same resource can even be
+// handled from different threads"; ibv_alloc_td(3): "By default all verbs
+// objects are safe for multi-threaded access" (this crate never creates thread
+// domains, which are what turn that locking off).
+// SAFETY: by the above, any thread may use and destroy the object; `Owned`
+// destroys it exactly once, and `K` moves with it, hence `K: Send`.
 unsafe impl<T: RawObject, K: Send> Send for Owned<T, K> {}
 // SAFETY: shared access only calls verbs through `as_ptr`, which libibverbs
 // serialises internally as quoted above; `keep()` hands out `&K`, hence `K: Sync`.

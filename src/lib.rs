@@ -48,6 +48,7 @@
 //! libibverbs is thread safe (verbs(7)).
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
 mod macros;
@@ -75,3 +76,21 @@ pub use mr::{AccessFlags, MemoryRegion};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
+
+#[cfg(test)]
+mod thread_safety {
+    fn send_sync<T: Send + Sync>() {}
+
+    /// The `Send`/`Sync` claims of the module docs, checked by the compiler.
+    #[test]
+    fn every_object_is_send_and_sync() {
+        send_sync::<crate::DeviceList>();
+        send_sync::<crate::Context>();
+        send_sync::<crate::ProtectionDomain>();
+        send_sync::<crate::MemoryRegion>();
+        send_sync::<crate::CompletionQueue>();
+        send_sync::<crate::QueuePair>();
+        send_sync::<crate::WorkCompletion>();
+        send_sync::<crate::Error>();
+    }
+}

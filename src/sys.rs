@@ -22,6 +22,7 @@
     dead_code,
     missing_docs,
     clippy::all,
+    clippy::undocumented_unsafe_blocks,
     rustdoc::all
 )]
 
