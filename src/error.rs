@@ -40,6 +40,22 @@ pub enum Error {
         /// The `errno` the device answered with, when it was asked.
         errno: Option<i32>,
     },
+    /// A value is outside the domain of its C field (a 25-bit PSN, an ACK
+    /// timeout of 32, ...).
+    #[error("{what} {value} is out of range {range}")]
+    OutOfRange {
+        /// What the value is, e.g. `"PSN"`.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The valid range, e.g. `"0..=31"`.
+        range: &'static str,
+    },
+    /// A queue pair modify was refused before the call: an illegal state
+    /// transition, a missing or forbidden attribute, or a value the device
+    /// or port cannot take. Nothing was sent to the device.
+    #[error("{0}")]
+    Modify(#[from] crate::qp::ModifyError),
     /// No device of that name exists.
     #[error("no RDMA device named {0:?}")]
     DeviceNotFound(String),
@@ -106,7 +122,9 @@ impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {
             Error::Verb { errno, .. } => io::Error::from_raw_os_error(*errno).kind(),
-            Error::InvalidArgument { .. } => io::ErrorKind::InvalidInput,
+            Error::InvalidArgument { .. } | Error::OutOfRange { .. } | Error::Modify(_) => {
+                io::ErrorKind::InvalidInput
+            }
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
             Error::InUse { .. } => io::ErrorKind::ResourceBusy,

@@ -52,7 +52,6 @@ impl Gid {
         Gid(unsafe { raw.raw })
     }
 
-    #[allow(dead_code)] // used by the tests today; address vectors will use it
     pub(crate) fn to_raw(self) -> sys::ibv_gid {
         sys::ibv_gid { raw: self.0 }
     }

@@ -1,10 +1,29 @@
 //! Queue pairs (`struct ibv_qp`): creation, and reading their attributes back.
 
+mod attr;
+mod mask;
+mod modify;
 mod query;
+mod table;
+mod typed;
 mod types;
+mod validate;
+mod values;
 
+pub use attr::QpAttr;
+pub use mask::QpAttrMask;
 pub use query::{QpAttributes, QpInitAttributes};
+pub use table::{transition_rule, TransitionRule};
+pub use typed::{
+    InitToInit, InitToRtr, Modify, Qp, RawPacket, Rc, ResetToInit, RtrToRts, RtsToRts, RtsToSqd,
+    SqdToRts, SqdToSqd, SqeToRts, ToErr, ToReset, Transport, Uc, Ud,
+};
 pub use types::{QpState, QpType};
+pub use validate::{check_transition, ModifyError};
+pub use values::{
+    AckTimeout, AddressVector, AltPath, GlobalRoute, MinRnrTimer, PathMigState, Psn, QKey, QpNum,
+    RateLimit, RetryCount, RnrRetry,
+};
 
 use std::ffi::c_int;
 use std::fmt;
@@ -68,7 +87,7 @@ impl QpCaps {
         }
     }
 
-    fn to_raw(self) -> sys::ibv_qp_cap {
+    pub(crate) fn to_raw(self) -> sys::ibv_qp_cap {
         sys::ibv_qp_cap {
             max_send_wr: self.max_send_wr,
             max_recv_wr: self.max_recv_wr,
@@ -152,6 +171,10 @@ pub struct QueuePair {
     inner: Owned<sys::ibv_qp, QpKeep>,
     qp_type: QpType,
     caps: QpCaps,
+    /// The state as of the last successful modify or resync.
+    state: QpState,
+    /// The port set by the last modify that carried IBV_QP_PORT.
+    port: Option<u8>,
 }
 
 impl ProtectionDomain {
@@ -258,6 +281,8 @@ impl QueuePair {
             qp_type: attr.qp_type,
             // ibv_create_qp wrote back the sizes the device actually gave.
             caps: QpCaps::from_raw(&raw_attr.cap),
+            state: QpState::Reset,
+            port: None,
         })
     }
 

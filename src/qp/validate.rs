@@ -1,0 +1,637 @@
+//! Checking a modify before it reaches the kernel.
+
+use std::fmt;
+
+use super::attr::QpAttr;
+use super::mask::QpAttrMask as M;
+use super::table::transition_rule;
+use super::{QpState, QpType};
+use crate::context::Context;
+use crate::device_attr::DeviceCapFlags;
+use crate::port::PortAttr;
+
+/// Why [`QueuePair::modify`](super::QueuePair::modify) refused a modify
+/// without calling the kernel. The QP is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ModifyError {
+    /// The kernel allows no transition from `from` to `to` for this type.
+    IllegalTransition {
+        /// The QP's type.
+        qp_type: QpType,
+        /// Its known state.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+    },
+    /// Required attributes are missing, or attributes the transition does not
+    /// take are present.
+    Attributes {
+        /// The QP's type.
+        qp_type: QpType,
+        /// Its known state.
+        from: QpState,
+        /// The state asked for (`from` for an attribute-only modify).
+        to: QpState,
+        /// Required attributes that were not set.
+        missing: M,
+        /// Attributes set that this transition does not take.
+        forbidden: M,
+        /// `IBV_QP_PORT` is among `forbidden` only because `IBV_QP_AV` was
+        /// set: outside INIT->RTR the kernel adds `IBV_QP_PORT` itself.
+        port_implied_by_av: bool,
+    },
+    /// `IBV_QP_CUR_STATE` names a state other than the one the QP is known
+    /// to be in (call [`QueuePair::resync`](super::QueuePair::resync) if the
+    /// device may have moved it).
+    CurStateMismatch {
+        /// The state the QP is known to be in.
+        known: QpState,
+        /// The state `cur_state` names.
+        given: QpState,
+    },
+    /// A typed transition was applied to a QP known to be in another state
+    /// than the one it starts from.
+    UnexpectedState {
+        /// The transition, e.g. `"RtrToRts<Rc>"`.
+        transition: &'static str,
+        /// The state it starts from.
+        expected: QpState,
+        /// The state the QP is known to be in.
+        known: QpState,
+    },
+    /// An attribute's value cannot be taken by this device or port.
+    Value {
+        /// The QP's type.
+        qp_type: QpType,
+        /// Its known state.
+        from: QpState,
+        /// The state asked for.
+        to: QpState,
+        /// The attribute.
+        attr: M,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl fmt::Display for ModifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let head = |f: &mut fmt::Formatter<'_>, t: &QpType, a: &QpState, b: &QpState| {
+            write!(
+                f,
+                "{} {}->{}",
+                t.short_name(),
+                a.short_name(),
+                b.short_name()
+            )
+        };
+        let list = |m: M| m.c_names().collect::<Vec<_>>().join(", ");
+        match self {
+            ModifyError::IllegalTransition { qp_type, from, to } => {
+                head(f, qp_type, from, to)?;
+                f.write_str(" is not a legal transition")
+            }
+            ModifyError::Attributes {
+                qp_type,
+                from,
+                to,
+                missing,
+                forbidden,
+                port_implied_by_av,
+            } => {
+                head(f, qp_type, from, to)?;
+                if !missing.is_empty() {
+                    write!(f, " is missing {}", list(*missing))?;
+                }
+                if !forbidden.is_empty() {
+                    if !missing.is_empty() {
+                        f.write_str(" and")?;
+                    }
+                    write!(f, " does not take {}", list(*forbidden))?;
+                    if *port_implied_by_av {
+                        f.write_str(" (IBV_QP_AV outside INIT->RTR makes the kernel add IBV_QP_PORT)")?;
+                    }
+                }
+                Ok(())
+            }
+            ModifyError::CurStateMismatch { known, given } => write!(
+                f,
+                "IBV_QP_CUR_STATE says {} but the QP is known to be in {} (resync it with query_qp if the device moved it)",
+                given.short_name(),
+                known.short_name()
+            ),
+            ModifyError::UnexpectedState {
+                transition,
+                expected,
+                known,
+            } => write!(
+                f,
+                "{transition} starts from {} but the QP is known to be in {}",
+                expected.short_name(),
+                known.short_name()
+            ),
+            ModifyError::Value {
+                qp_type,
+                from,
+                to,
+                attr,
+                reason,
+            } => {
+                head(f, qp_type, from, to)?;
+                write!(f, ": {attr}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ModifyError {}
+
+/// What the validator needs to know about the QP.
+pub(crate) struct QpView<'a> {
+    pub ctx: &'a Context,
+    pub qp_type: QpType,
+    pub state: QpState,
+    /// The port set at RESET->INIT, once known.
+    pub port: Option<u8>,
+}
+
+/// Checks `attr` against the transition table and the device, returning the
+/// target state.
+pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, ModifyError> {
+    let from = qp.state;
+    let to = attr.get_state().unwrap_or(from);
+    let dev = qp.ctx.attr();
+    // CAP first: it is in no table entry, and the real reason is the device.
+    if attr.mask().contains(M::CAP) && !dev.capabilities.contains(DeviceCapFlags::RESIZE_MAX_WR) {
+        return Err(ModifyError::Value {
+            qp_type: qp.qp_type,
+            from,
+            to,
+            attr: M::CAP,
+            reason: format!(
+                "{} cannot resize queues (no IBV_DEVICE_RESIZE_MAX_WR)",
+                qp.ctx.name()
+            ),
+        });
+    }
+    let to = check_transition(qp.qp_type, from, attr)?;
+    let value_err = |attr: M, reason: String| ModifyError::Value {
+        qp_type: qp.qp_type,
+        from,
+        to,
+        attr,
+        reason,
+    };
+    check_values(qp, attr, from, to, &value_err)?;
+    Ok(to)
+}
+
+/// Checks a modify of a `qp_type` QP in state `from` against the kernel's
+/// transition table alone (no device needed) and returns the target state.
+///
+/// This is the table part of [`QueuePair::modify`](super::QueuePair::modify):
+/// the transition must be legal; the mask must hold every required and no
+/// other attribute than the optional ones (`IBV_QP_STATE` aside); an
+/// attribute-only modify (no `IBV_QP_STATE`) is checked as `from -> from`;
+/// `IBV_QP_CUR_STATE` must name `from`; and `IBV_QP_AV` outside INIT->RTR
+/// counts as carrying `IBV_QP_PORT` too, since the kernel adds it.
+///
+/// ```
+/// use rdma_verbs::qp::{check_transition, MinRnrTimer, Psn, QpAttr, QpNum, QpState, QpType, AddressVector};
+/// use rdma_verbs::Mtu;
+/// let rtr = QpAttr::new()
+///     .state(QpState::Rtr)
+///     .av(AddressVector::new(1))
+///     .path_mtu(Mtu::Mtu1024)
+///     .dest_qpn(QpNum::new(0x12)?)
+///     .rq_psn(Psn::new(0)?);
+/// assert!(check_transition(QpType::Uc, QpState::Init, &rtr).is_ok());
+/// let err = check_transition(QpType::Rc, QpState::Init, &rtr).unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "RC INIT->RTR is missing IBV_QP_MIN_RNR_TIMER, IBV_QP_MAX_DEST_RD_ATOMIC"
+/// );
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+pub fn check_transition(
+    qp_type: QpType,
+    from: QpState,
+    attr: &QpAttr,
+) -> Result<QpState, ModifyError> {
+    if let Some(given) = attr.get_cur_state() {
+        if given != from {
+            return Err(ModifyError::CurStateMismatch { known: from, given });
+        }
+    }
+    let to = attr.get_state().unwrap_or(from);
+    let illegal = ModifyError::IllegalTransition { qp_type, from, to };
+    if from == QpState::Unknown || to == QpState::Unknown {
+        return Err(illegal);
+    }
+    let rule = transition_rule(qp_type, from, to).ok_or(illegal)?;
+    let mut mask = attr.mask() - M::STATE;
+    let av_adds_port = mask.contains(M::AV) && !(from == QpState::Init && to == QpState::Rtr);
+    let port_given = mask.contains(M::PORT);
+    if av_adds_port {
+        mask |= M::PORT;
+    }
+    let missing = rule.required - mask;
+    let forbidden = mask - rule.required - rule.optional;
+    if !missing.is_empty() || !forbidden.is_empty() {
+        return Err(ModifyError::Attributes {
+            qp_type,
+            from,
+            to,
+            missing,
+            forbidden,
+            port_implied_by_av: av_adds_port && !port_given && forbidden.contains(M::PORT),
+        });
+    }
+    Ok(to)
+}
+
+fn check_values(
+    qp: &QpView<'_>,
+    attr: &QpAttr,
+    from: QpState,
+    to: QpState,
+    value_err: &dyn Fn(M, String) -> ModifyError,
+) -> Result<(), ModifyError> {
+    let ctx = qp.ctx;
+    let dev = ctx.attr();
+    let mask = attr.mask();
+    let raw = attr.raw();
+
+    let port_attr = |flag: M, port: u8| -> Result<PortAttr, ModifyError> {
+        if !ctx.ports().contains(&port) {
+            return Err(value_err(
+                flag,
+                format!(
+                    "port {port} does not exist: {} has ports {}..={}",
+                    ctx.name(),
+                    ctx.ports().start(),
+                    ctx.ports().end()
+                ),
+            ));
+        }
+        ctx.query_port(port)
+            .map_err(|e| value_err(flag, format!("cannot query port {port}: {e}")))
+    };
+    // The port the QP uses after this modify.
+    let port = attr.get_port().or(qp.port);
+
+    if let Some(p) = attr.get_port() {
+        port_attr(M::PORT, p)?;
+    }
+    if mask.contains(M::PKEY_INDEX) {
+        if let Some(p) = port {
+            let len = port_attr(M::PKEY_INDEX, p)?.pkey_tbl_len;
+            if raw.pkey_index >= len {
+                return Err(value_err(
+                    M::PKEY_INDEX,
+                    format!(
+                        "P_Key index {} is outside port {p}'s table of {len} entries",
+                        raw.pkey_index
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(mtu) = attr.get_path_mtu() {
+        if let Some(p) = port {
+            let pa = port_attr(M::PATH_MTU, p)?;
+            // Above the active MTU is allowed, as the kernel allows it: see
+            // the `QueuePair::modify` docs.
+            if mtu > pa.max_mtu {
+                return Err(value_err(
+                    M::PATH_MTU,
+                    format!(
+                        "{} bytes is above port {p}'s max MTU of {}",
+                        mtu.bytes(),
+                        pa.max_mtu.bytes()
+                    ),
+                ));
+            }
+        }
+    } else if mask.contains(M::PATH_MTU) {
+        return Err(value_err(
+            M::PATH_MTU,
+            format!("{} is not an MTU", raw.path_mtu),
+        ));
+    }
+    if mask.contains(M::MAX_QP_RD_ATOMIC) && u32::from(raw.max_rd_atomic) > dev.max_qp_init_rd_atom
+    {
+        return Err(value_err(
+            M::MAX_QP_RD_ATOMIC,
+            format!(
+                "{} is above the device's max_qp_init_rd_atom of {}",
+                raw.max_rd_atomic, dev.max_qp_init_rd_atom
+            ),
+        ));
+    }
+    if mask.contains(M::MAX_DEST_RD_ATOMIC)
+        && u32::from(raw.max_dest_rd_atomic) > dev.max_qp_rd_atom
+    {
+        return Err(value_err(
+            M::MAX_DEST_RD_ATOMIC,
+            format!(
+                "{} is above the device's max_qp_rd_atom of {}",
+                raw.max_dest_rd_atomic, dev.max_qp_rd_atom
+            ),
+        ));
+    }
+    let check_av = |flag: M, av: &super::values::AddressVector| -> Result<PortAttr, ModifyError> {
+        let pa = port_attr(flag, av.port())?;
+        match av.grh() {
+            None if pa.grh_required() => Err(value_err(
+                flag,
+                format!(
+                    "port {} {}: the address vector needs a GRH (AddressVector::global)",
+                    av.port(),
+                    if pa.is_roce() {
+                        "is RoCE"
+                    } else {
+                        "requires a GRH (IBV_QPF_GRH_REQUIRED)"
+                    }
+                ),
+            )),
+            Some(g) if u32::from(g.sgid_index()) >= pa.gid_tbl_len => Err(value_err(
+                flag,
+                format!(
+                    "sgid_index {} is outside port {}'s GID table of {} entries",
+                    g.sgid_index(),
+                    av.port(),
+                    pa.gid_tbl_len
+                ),
+            )),
+            _ => Ok(pa),
+        }
+    };
+    if let Some(av) = attr.get_av() {
+        check_av(M::AV, &av)?;
+        if from == QpState::Init && to == QpState::Rtr {
+            if let Some(p) = port {
+                if av.port() != p {
+                    return Err(value_err(
+                        M::AV,
+                        format!(
+                            "the address vector's port {} is not the QP's port {p}",
+                            av.port()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(alt) = attr.get_alt_path() {
+        if !dev.capabilities.contains(DeviceCapFlags::AUTO_PATH_MIG) {
+            return Err(value_err(
+                M::ALT_PATH,
+                format!(
+                    "{} has no automatic path migration (IBV_DEVICE_AUTO_PATH_MIG)",
+                    ctx.name()
+                ),
+            ));
+        }
+        let alt_pa = check_av(M::ALT_PATH, &alt.av)?;
+        let primary_roce = match port {
+            Some(p) => port_attr(M::ALT_PATH, p)?.is_roce(),
+            None => false,
+        };
+        if alt_pa.is_roce() || primary_roce {
+            return Err(value_err(
+                M::ALT_PATH,
+                "alternate paths are InfiniBand-only: the kernel refuses them on RoCE ports".into(),
+            ));
+        }
+        if alt.port != alt.av.port() {
+            return Err(value_err(
+                M::ALT_PATH,
+                format!(
+                    "alt_port_num {} differs from the alternate AV's port {}",
+                    alt.port,
+                    alt.av.port()
+                ),
+            ));
+        }
+        let len = port_attr(M::ALT_PATH, alt.port)?.pkey_tbl_len;
+        if alt.pkey_index >= len {
+            return Err(value_err(
+                M::ALT_PATH,
+                format!(
+                    "alt_pkey_index {} is outside port {}'s table of {len} entries",
+                    alt.pkey_index, alt.port
+                ),
+            ));
+        }
+    }
+    if mask.contains(M::RATE_LIMIT) {
+        let pacing = dev.packet_pacing;
+        let raw_bit = 1u32 << QpType::RawPacket.as_raw();
+        if pacing.supported_qp_types & raw_bit == 0 || pacing.rate_limit_max_kbps == 0 {
+            return Err(value_err(
+                M::RATE_LIMIT,
+                format!("{} has no packet pacing for RAW_PACKET QPs", ctx.name()),
+            ));
+        }
+        let r = raw.rate_limit;
+        if r != 0 && !(pacing.rate_limit_min_kbps..=pacing.rate_limit_max_kbps).contains(&r) {
+            return Err(value_err(
+                M::RATE_LIMIT,
+                format!(
+                    "{r} kbit/s is outside the device's {}..={} kbit/s",
+                    pacing.rate_limit_min_kbps, pacing.rate_limit_max_kbps
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mr::AccessFlags;
+    use crate::port::Mtu;
+    use crate::qp::values::*;
+
+    fn rc_rtr() -> QpAttr {
+        QpAttr::new()
+            .state(QpState::Rtr)
+            .av(AddressVector::new(1))
+            .path_mtu(Mtu::Mtu1024)
+            .dest_qpn(QpNum::new(1).unwrap())
+            .rq_psn(Psn::new(0).unwrap())
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(MinRnrTimer::new(12).unwrap())
+    }
+
+    #[test]
+    fn names_missing_flags_like_the_issue_says() {
+        let attr = QpAttr::new()
+            .state(QpState::Rtr)
+            .av(AddressVector::new(1))
+            .path_mtu(Mtu::Mtu1024)
+            .dest_qpn(QpNum::new(1).unwrap())
+            .rq_psn(Psn::new(0).unwrap());
+        let e = check_transition(QpType::Rc, QpState::Init, &attr).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "RC INIT->RTR is missing IBV_QP_MIN_RNR_TIMER, IBV_QP_MAX_DEST_RD_ATOMIC"
+        );
+        assert_eq!(
+            check_transition(QpType::Rc, QpState::Init, &rc_rtr()),
+            Ok(QpState::Rtr)
+        );
+    }
+
+    #[test]
+    fn names_forbidden_flags() {
+        let e = check_transition(QpType::Ud, QpState::Init, &rc_rtr()).unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.starts_with("UD INIT->RTR does not take IBV_QP_AV, IBV_QP_PATH_MTU"),
+            "{s}"
+        );
+        match e {
+            ModifyError::Attributes {
+                missing, forbidden, ..
+            } => {
+                assert!(missing.is_empty());
+                assert_eq!(forbidden, rc_rtr().mask() - M::STATE);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_and_forbidden_together() {
+        let attr = QpAttr::new()
+            .state(QpState::Init)
+            .pkey_index(0)
+            .port(1)
+            .qkey(QKey(1));
+        let e = check_transition(QpType::Rc, QpState::Reset, &attr).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "RC RESET->INIT is missing IBV_QP_ACCESS_FLAGS and does not take IBV_QP_QKEY"
+        );
+    }
+
+    #[test]
+    fn illegal_transitions() {
+        let e = check_transition(
+            QpType::Rc,
+            QpState::Reset,
+            &QpAttr::new().state(QpState::Rts),
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "RC RESET->RTS is not a legal transition");
+        // RESET->ERR is refused: go through INIT.
+        assert!(check_transition(
+            QpType::Ud,
+            QpState::Reset,
+            &QpAttr::new().state(QpState::Err)
+        )
+        .is_err());
+        for from in [
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ] {
+            for to in [QpState::Reset, QpState::Err] {
+                assert_eq!(
+                    check_transition(QpType::Rc, from, &QpAttr::new().state(to)),
+                    Ok(to)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn attribute_only_modifies_are_checked_as_state_to_itself() {
+        // RTS->RTS takes ACCESS_FLAGS for RC ...
+        let a = QpAttr::new().access_flags(AccessFlags::REMOTE_READ);
+        assert_eq!(
+            check_transition(QpType::Rc, QpState::Rts, &a),
+            Ok(QpState::Rts)
+        );
+        // ... RTR->RTR is no transition at all, even with an empty mask.
+        assert!(matches!(
+            check_transition(QpType::Rc, QpState::Rtr, &QpAttr::new()),
+            Err(ModifyError::IllegalTransition { .. })
+        ));
+        // RESET->RESET takes nothing.
+        assert!(check_transition(QpType::Rc, QpState::Reset, &a).is_err());
+    }
+
+    #[test]
+    fn cur_state_rules() {
+        let rts = QpAttr::new()
+            .state(QpState::Rts)
+            .sq_psn(Psn::new(0).unwrap());
+        assert!(check_transition(QpType::Ud, QpState::Rtr, &rts.cur_state(QpState::Rtr)).is_ok());
+        let e =
+            check_transition(QpType::Ud, QpState::Rtr, &rts.cur_state(QpState::Init)).unwrap_err();
+        assert_eq!(
+            e,
+            ModifyError::CurStateMismatch {
+                known: QpState::Rtr,
+                given: QpState::Init
+            }
+        );
+        // CUR_STATE is not taken outside *->RTS (the kernel: only from RTR, RTS, SQD, SQE).
+        let init = QpAttr::new().state(QpState::Init).cur_state(QpState::Init);
+        assert!(matches!(
+            check_transition(QpType::Ud, QpState::Init, &init),
+            Err(ModifyError::Attributes {
+                forbidden: M::CUR_STATE,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn av_outside_init_to_rtr_implies_port() {
+        let av = QpAttr::new().state(QpState::Sqd).av(AddressVector::new(1));
+        // RC SQD->SQD takes PORT: fine.
+        assert!(check_transition(QpType::Rc, QpState::Sqd, &av).is_ok());
+        // UC SQD->SQD lists AV but not PORT: the kernel refuses it.
+        let e = check_transition(QpType::Uc, QpState::Sqd, &av).unwrap_err();
+        assert!(matches!(
+            e,
+            ModifyError::Attributes {
+                forbidden: M::PORT,
+                port_implied_by_av: true,
+                ..
+            }
+        ));
+        assert!(
+            e.to_string().contains("makes the kernel add IBV_QP_PORT"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cap_and_rate_limit_are_in_no_ordinary_entry() {
+        let cap = QpAttr::new().cap(crate::qp::QpCaps::default());
+        for (t, s) in [
+            (QpType::Rc, QpState::Rts),
+            (QpType::Ud, QpState::Init),
+            (QpType::Uc, QpState::Sqd),
+        ] {
+            assert!(check_transition(t, s, &cap).is_err());
+            assert!(check_transition(t, s, &QpAttr::new().rate_limit(RateLimit(10))).is_err());
+        }
+        assert!(check_transition(
+            QpType::RawPacket,
+            QpState::Rts,
+            &QpAttr::new().rate_limit(RateLimit(10))
+        )
+        .is_ok());
+    }
+}
