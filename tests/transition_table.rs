@@ -104,7 +104,11 @@ fn mask(words: &str) -> QpAttrMask {
 /// (from, to, type) -> (required, optional), later rows overriding `*` rows.
 fn expected() -> Vec<(QpState, QpState, QpType, QpAttrMask, QpAttrMask)> {
     let mut out: Vec<(QpState, QpState, QpType, QpAttrMask, QpAttrMask)> = Vec::new();
-    for line in KERNEL_TABLE.lines().map(str::trim).filter(|l| !l.is_empty()) {
+    for line in KERNEL_TABLE
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+    {
         let (head, masks) = line.split_once(':').expect("a colon");
         let (req, opt) = masks.split_once('|').expect("a bar");
         let mut words = head.split_whitespace();

@@ -1,6 +1,7 @@
 //! Queue pairs (`struct ibv_qp`): creation, and reading their attributes back.
 
 mod attr;
+mod connect;
 mod mask;
 mod modify;
 mod query;
@@ -11,6 +12,7 @@ mod validate;
 mod values;
 
 pub use attr::QpAttr;
+pub use connect::{ConnectOptions, Endpoint};
 pub use mask::QpAttrMask;
 pub use query::{QpAttributes, QpInitAttributes};
 pub use table::{transition_rule, TransitionRule};
@@ -288,6 +290,14 @@ impl QueuePair {
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.inner.as_ptr()
+    }
+
+    /// The raw `struct ibv_qp *`, for calls the safe layer does not cover.
+    ///
+    /// It stays valid while `self` lives. Changing the QP's state through it
+    /// leaves [`state`](Self::state) stale until [`resync`](Self::resync).
+    pub fn as_raw(&self) -> *mut sys::ibv_qp {
+        self.as_ptr()
     }
 
     /// The QP number, which peers address it by.

@@ -6,6 +6,7 @@
 mod common;
 
 mod context;
+mod modify;
 mod objects;
 mod qp;
 
@@ -14,5 +15,6 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(context::TESTS);
     tests.extend_from_slice(objects::TESTS);
     tests.extend_from_slice(qp::TESTS);
+    tests.extend_from_slice(modify::TESTS);
     common::run("device", &tests)
 }
