@@ -1,4 +1,31 @@
-//! Queue pairs (`struct ibv_qp`): creation, and reading their attributes back.
+//! Queue pairs (`struct ibv_qp`): creation, the state machine, and reading
+//! attributes back.
+//!
+//! # Modifying a QP
+//!
+//! `ibv_modify_qp` takes a 26-field `struct ibv_qp_attr` and a mask saying
+//! which fields count; which ones a transition needs depends on the QP's
+//! type and state, and in C a mistake shows up as a bare `EINVAL`. Here:
+//!
+//! * [`QpAttr`] is the dynamic attribute set: one setter per attribute, each
+//!   setting its own [`QpAttrMask`] bit, with typed values ([`Psn`],
+//!   [`AckTimeout`], [`MinRnrTimer`], [`AddressVector`], ...) that refuse
+//!   out-of-range input when built.
+//! * [`QueuePair::modify`] validates before calling: the transition from the
+//!   QP's known state must be legal, the mask must hold exactly what the
+//!   kernel's table ([`transition_rule`]) requires and allows, and values
+//!   must fit the device and port. A refusal names the transition, the QP
+//!   type and the missing or forbidden flags, e.g.
+//!   `RC INIT->RTR is missing IBV_QP_MIN_RNR_TIMER, IBV_QP_MAX_DEST_RD_ATOMIC`,
+//!   and never reaches the device. [`QueuePair::modify_unchecked`] is the
+//!   raw path.
+//! * [`Qp<T>`](Qp) with the typed builders ([`ResetToInit`], [`InitToRtr`],
+//!   [`RtrToRts`], ...) makes a missing or forbidden attribute, or a builder
+//!   of the wrong transport, a compile error. See the [`Qp`] docs for why the
+//!   state is checked at run time rather than being a type parameter.
+//! * [`QueuePair::connect`] takes a fresh QP to RTS against an [`Endpoint`]
+//!   (the record rdma-core's pingpong examples exchange) with sensible
+//!   defaults.
 
 mod attr;
 mod connect;

@@ -104,6 +104,14 @@ transports! {
 ///
 /// It dereferences to [`QueuePair`] for everything else (queries, the
 /// dynamic [`QueuePair::modify`], ...).
+///
+/// The transport is a type parameter because it never changes. The state
+/// is not: the device changes it on its own (a fatal error moves a QP to
+/// ERR, a send error moves UC/UD to SQE, draining ends SQD), so a
+/// `Qp<Rc, Rts>` would often be a lie, and every recovery path (any state to
+/// ERR or RESET, then up again) would need a way out of the type system.
+/// Instead each builder names its from-state and [`apply`](Self::apply)
+/// checks it against the known state before the call.
 pub struct Qp<T: Transport> {
     qp: QueuePair,
     _t: PhantomData<fn() -> T>,
