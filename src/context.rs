@@ -124,19 +124,23 @@ impl Context {
         1..=u8::try_from(self.attr().phys_port_cnt).unwrap_or(u8::MAX)
     }
 
+    /// Why `port` is not one of this device's ports, if it is not.
+    pub(crate) fn port_problem(&self, port: u8) -> Option<String> {
+        let ports = self.ports();
+        (!ports.contains(&port)).then(|| {
+            format!(
+                "port {port} does not exist: {} has ports {}..={}",
+                self.name(),
+                ports.start(),
+                ports.end()
+            )
+        })
+    }
+
     pub(crate) fn check_port(&self, verb: &'static str, port: u8) -> Result<()> {
-        if self.ports().contains(&port) {
-            Ok(())
-        } else {
-            Err(Error::invalid(
-                verb,
-                format!(
-                    "port {port} does not exist: {} has ports {}..={}",
-                    self.name(),
-                    self.ports().start(),
-                    self.ports().end()
-                ),
-            ))
+        match self.port_problem(port) {
+            None => Ok(()),
+            Some(reason) => Err(Error::invalid(verb, reason)),
         }
     }
 

@@ -24,6 +24,12 @@ const fn rule(required: M, optional: M) -> Option<TransitionRule> {
 
 const NONE: M = M::empty();
 
+/// What RC/UC-style transitions into RTS may change about the path.
+const PATH_OPTS: M = M::CUR_STATE
+    .union(M::ALT_PATH)
+    .union(M::ACCESS_FLAGS)
+    .union(M::PATH_MIG_STATE);
+
 /// The rule for moving a QP of type `qp_type` from `from` to `to`, or `None`
 /// when the kernel does not allow that transition at all. Attribute-only
 /// modifies (no `IBV_QP_STATE`) are the transition from a state to itself.
@@ -76,47 +82,29 @@ pub fn transition_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<Tr
                 .union(M::RNR_RETRY)
                 .union(M::SQ_PSN)
                 .union(M::MAX_QP_RD_ATOMIC);
-            let base = M::CUR_STATE
-                .union(M::ALT_PATH)
-                .union(M::ACCESS_FLAGS)
-                .union(M::PATH_MIG_STATE);
             match t {
                 Ud => rule(M::SQ_PSN, M::CUR_STATE.union(M::QKEY)),
-                Uc => rule(M::SQ_PSN, base),
-                Rc => rule(rc_req, base.union(M::MIN_RNR_TIMER)),
-                XrcSend => rule(rc_req, base),
-                XrcRecv => rule(M::TIMEOUT.union(M::SQ_PSN), base.union(M::MIN_RNR_TIMER)),
+                Uc => rule(M::SQ_PSN, PATH_OPTS),
+                Rc => rule(rc_req, PATH_OPTS.union(M::MIN_RNR_TIMER)),
+                XrcSend => rule(rc_req, PATH_OPTS),
+                XrcRecv => rule(
+                    M::TIMEOUT.union(M::SQ_PSN),
+                    PATH_OPTS.union(M::MIN_RNR_TIMER),
+                ),
                 _ => rule(NONE, M::RATE_LIMIT), // RawPacket
             }
         }
-        (Rts, Rts) => {
-            let base = M::CUR_STATE
-                .union(M::ACCESS_FLAGS)
-                .union(M::ALT_PATH)
-                .union(M::PATH_MIG_STATE);
-            match t {
-                Ud => rule(NONE, M::CUR_STATE.union(M::QKEY)),
-                Uc | XrcSend => rule(NONE, base),
-                Rc | XrcRecv => rule(NONE, base.union(M::MIN_RNR_TIMER)),
-                _ => rule(NONE, M::RATE_LIMIT), // RawPacket
-            }
-        }
+        (Rts | Sqd, Rts) => match t {
+            Ud => rule(NONE, M::CUR_STATE.union(M::QKEY)),
+            Uc | XrcSend => rule(NONE, PATH_OPTS),
+            Rc | XrcRecv => rule(NONE, PATH_OPTS.union(M::MIN_RNR_TIMER)),
+            _ if from == Rts => rule(NONE, M::RATE_LIMIT), // RawPacket RTS->RTS
+            _ => rule(NONE, NONE),                         // RawPacket SQD->RTS
+        },
         (Rts, Sqd) => match t {
             RawPacket => rule(NONE, NONE),
             _ => rule(NONE, M::EN_SQD_ASYNC_NOTIFY),
         },
-        (Sqd, Rts) => {
-            let base = M::CUR_STATE
-                .union(M::ALT_PATH)
-                .union(M::ACCESS_FLAGS)
-                .union(M::PATH_MIG_STATE);
-            match t {
-                Ud => rule(NONE, M::CUR_STATE.union(M::QKEY)),
-                Uc | XrcSend => rule(NONE, base),
-                Rc | XrcRecv => rule(NONE, base.union(M::MIN_RNR_TIMER)),
-                _ => rule(NONE, NONE), // RawPacket
-            }
-        }
         (Sqd, Sqd) => {
             let common = M::AV
                 .union(M::ALT_PATH)

@@ -264,16 +264,8 @@ fn check_values(
     let raw = attr.raw();
 
     let port_attr = |flag: M, port: u8| -> Result<PortAttr, ModifyError> {
-        if !ctx.ports().contains(&port) {
-            return Err(value_err(
-                flag,
-                format!(
-                    "port {port} does not exist: {} has ports {}..={}",
-                    ctx.name(),
-                    ctx.ports().start(),
-                    ctx.ports().end()
-                ),
-            ));
+        if let Some(reason) = ctx.port_problem(port) {
+            return Err(value_err(flag, reason));
         }
         ctx.query_port(port)
             .map_err(|e| value_err(flag, format!("cannot query port {port}: {e}")))
