@@ -119,6 +119,12 @@ impl Context {
         query_device_raw(self.as_ptr())
     }
 
+    /// How many completion vectors the device has (`num_comp_vectors`).
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: the context is live; plain field read of a value set at open.
+        u32::try_from(unsafe { (*self.as_ptr()).num_comp_vectors }).unwrap_or(0)
+    }
+
     /// The device's port numbers: `1..=phys_port_cnt`.
     pub fn ports(&self) -> RangeInclusive<u8> {
         1..=u8::try_from(self.attr().phys_port_cnt).unwrap_or(u8::MAX)

@@ -5,6 +5,7 @@ use std::ffi::c_int;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::channel::CompletionChannel;
 use crate::context::Context;
 use crate::error::{check_count, check_ptr, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
@@ -19,7 +20,13 @@ impl RawObject for sys::ibv_cq {
     }
 }
 
-pub(crate) type CqInner = Owned<sys::ibv_cq, Context>;
+/// What a CQ keeps alive: its context, and its completion channel if any.
+pub(crate) struct CqKeep {
+    ctx: Context,
+    _channel: Option<CompletionChannel>,
+}
+
+pub(crate) type CqInner = Owned<sys::ibv_cq, CqKeep>;
 
 /// A completion queue (`struct ibv_cq`).
 ///
@@ -48,6 +55,18 @@ impl Context {
     pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
         CompletionQueue::new(self, cqe)
     }
+
+    /// Creates a completion queue that signals through `channel`, on
+    /// completion vector `comp_vector`.
+    #[doc(alias = "ibv_create_cq")]
+    pub fn create_cq_with_channel(
+        &self,
+        cqe: u32,
+        channel: &CompletionChannel,
+        comp_vector: u32,
+    ) -> Result<CompletionQueue> {
+        CompletionQueue::create(self, cqe, Some(channel), comp_vector)
+    }
 }
 
 impl CompletionQueue {
@@ -57,6 +76,30 @@ impl CompletionQueue {
     /// `cqe` must be between 1 and the device's `max_cqe`.
     #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
+        Self::create(ctx, cqe, None, 0)
+    }
+
+    fn create(
+        ctx: &Context,
+        cqe: u32,
+        channel: Option<&CompletionChannel>,
+        comp_vector: u32,
+    ) -> Result<Self> {
+        if let Some(ch) = channel {
+            if !ch.context().same_as(ctx) {
+                return Err(Error::invalid(
+                    "ibv_create_cq",
+                    "the completion channel belongs to another context",
+                ));
+            }
+        }
+        let vectors = ctx.num_comp_vectors();
+        if comp_vector >= vectors {
+            return Err(Error::invalid(
+                "ibv_create_cq",
+                format!("completion vector {comp_vector} is outside 0..{vectors}"),
+            ));
+        }
         let max = ctx.attr().max_cqe;
         if cqe == 0 || cqe > max {
             return Err(Error::invalid(
@@ -64,20 +107,26 @@ impl CompletionQueue {
                 format!("cqe {cqe} is outside 1..={max} (the device's max_cqe)"),
             ));
         }
-        // SAFETY: live context; no user context, no completion channel, vector 0.
-        // `cqe <= max_cqe`, which is an int, so the cast is lossless.
+        // SAFETY: live context; no user context; the channel, if any, is
+        // live and of this context; the vector exists. `cqe <= max_cqe`,
+        // which is an int, so the casts are lossless.
         let raw = unsafe {
             sys::ibv_create_cq(
                 ctx.as_ptr(),
                 cqe as c_int,
                 std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
+                channel.map_or(std::ptr::null_mut(), CompletionChannel::as_ptr),
+                comp_vector as c_int,
             )
         };
         let raw = check_ptr("ibv_create_cq", raw)?;
-        // SAFETY: a fresh CQ owned by nobody else; it keeps `ctx` alive.
-        let inner = unsafe { Owned::new(raw, ctx.clone()) };
+        let keep = CqKeep {
+            ctx: ctx.clone(),
+            _channel: channel.cloned(),
+        };
+        // SAFETY: a fresh CQ owned by nobody else; it keeps `ctx` and its
+        // channel alive.
+        let inner = unsafe { Owned::new(raw, keep) };
         Ok(CompletionQueue {
             inner: Arc::new(inner),
         })
@@ -89,7 +138,22 @@ impl CompletionQueue {
 
     /// The context the CQ belongs to.
     pub fn context(&self) -> &Context {
-        self.inner.keep()
+        &self.inner.keep().ctx
+    }
+
+    /// Asks for a completion event on the CQ's channel at the next
+    /// completion (or the next solicited one, if `solicited_only`).
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.keep()._channel.is_none() {
+            return Err(Error::invalid(
+                "ibv_req_notify_cq",
+                "the CQ has no completion channel",
+            ));
+        }
+        // SAFETY: the CQ is live.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.as_ptr(), c_int::from(solicited_only)) };
+        crate::error::check_rc("ibv_req_notify_cq", rc).map(|_| ())
     }
 
     /// How many completions the CQ holds (`cqe`), possibly more than asked for.

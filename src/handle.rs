@@ -53,6 +53,11 @@ impl<T: RawObject, K> Owned<T, K> {
         &self.keep
     }
 
+    /// What this object keeps alive, mutably.
+    pub(crate) fn keep_mut(&mut self) -> &mut K {
+        &mut self.keep
+    }
+
     /// Destroys the object. On failure the object still exists on the device,
     /// so what it depends on is leaked rather than freed under it.
     fn destroy(&mut self) -> Result<()> {

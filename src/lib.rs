@@ -54,29 +54,37 @@
 #[macro_use]
 mod macros;
 
+mod ah;
+mod channel;
 mod context;
 mod cq;
 mod device;
 mod device_attr;
 mod error;
+mod event;
 mod gid;
 mod handle;
 mod mr;
 mod pd;
 mod port;
 pub mod qp;
+mod srq;
 pub mod sys;
 
+pub use ah::AddressHandle;
+pub use channel::{CompletionChannel, CqEvent};
 pub use context::Context;
 pub use cq::{CompletionQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{Device, DeviceList, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags, PacketPacingCaps};
 pub use error::{Error, Result};
+pub use event::AsyncEvent;
 pub use gid::{Gid, GidEntry, GidType};
-pub use mr::{AccessFlags, MemoryRegion};
+pub use mr::{AccessFlags, Chunk, MemoryRegion};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
+pub use srq::SharedReceiveQueue;
 
 #[cfg(test)]
 mod thread_safety {

@@ -4,6 +4,7 @@ use std::alloc::{self, Layout};
 use std::ffi::c_int;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::error::{check_ptr, Error, Result};
 use crate::handle::{Owned, RawObject};
@@ -110,9 +111,11 @@ fn page_size() -> usize {
 /// ```
 #[doc(alias = "ibv_mr")]
 pub struct MemoryRegion {
-    inner: Owned<sys::ibv_mr, (ProtectionDomain, Buffer)>,
+    inner: Arc<MrInner>,
     access: AccessFlags,
 }
+
+pub(crate) type MrInner = Owned<sys::ibv_mr, (ProtectionDomain, Buffer)>;
 
 impl ProtectionDomain {
     /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it.
@@ -155,7 +158,10 @@ impl MemoryRegion {
         let raw = check_ptr(VERB, raw)?;
         // SAFETY: a fresh MR owned by nobody else; it keeps its PD and buffer alive.
         let inner = unsafe { Owned::new(raw, (pd.clone(), buf)) };
-        Ok(MemoryRegion { inner, access })
+        Ok(MemoryRegion {
+            inner: Arc::new(inner),
+            access,
+        })
     }
 
     fn raw(&self) -> &sys::ibv_mr {
@@ -262,7 +268,155 @@ impl MemoryRegion {
     /// the device can never touch freed memory.
     #[doc(alias = "ibv_dereg_mr")]
     pub fn close(self) -> Result<()> {
-        self.inner.close()
+        crate::handle::close_shared(self.inner)
+    }
+
+    /// Splits the region into [`Chunk`]s of `chunk_len` bytes (the last one
+    /// may be shorter): owned, disjoint pieces that can be lent out as
+    /// slices and moved into work requests.
+    ///
+    /// Refused for regions registered with `REMOTE_WRITE` or
+    /// `REMOTE_ATOMIC`: a peer could write them at any time, so they must
+    /// never be seen as Rust slices; use [`read`](Self::read) and
+    /// [`write`](Self::write) on those.
+    pub fn into_chunks(self, chunk_len: usize) -> Result<Vec<Chunk>> {
+        let remote = self.access & (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        if !remote.is_empty() {
+            return Err(Error::invalid(
+                "MemoryRegion::into_chunks",
+                format!("the region is registered with {remote:?}: peers may write it, so it has no slices"),
+            ));
+        }
+        if chunk_len == 0 {
+            return Err(Error::invalid(
+                "MemoryRegion::into_chunks",
+                "chunk length 0",
+            ));
+        }
+        let len = self.len();
+        Ok((0..len)
+            .step_by(chunk_len)
+            .map(|offset| Chunk {
+                mr: Arc::clone(&self.inner),
+                offset,
+                len: chunk_len.min(len - offset),
+            })
+            .collect())
+    }
+}
+
+/// An owned, disjoint piece of a registered [`MemoryRegion`]: the buffer
+/// type work requests take.
+///
+/// A chunk is either in the caller's hands, where it is an ordinary byte
+/// slice ([`as_slice`](Self::as_slice), [`as_mut_slice`](Self::as_mut_slice)),
+/// or moved into a posted work request, where the device may use it and no
+/// Rust code can reach it; the completion hands it back. Chunks keep their
+/// region (and so its protection domain) registered until the last of them
+/// is dropped.
+///
+/// ```no_run
+/// use rdma_verbs::{AccessFlags, Context};
+/// let pd = Context::open_first()?.alloc_pd()?;
+/// let mut chunks = pd.alloc_chunks(4, 4096, AccessFlags::LOCAL_WRITE)?;
+/// chunks[0].as_mut_slice()[..5].copy_from_slice(b"hello");
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+pub struct Chunk {
+    mr: Arc<MrInner>,
+    offset: usize,
+    len: usize,
+}
+
+impl Chunk {
+    fn raw(&self) -> &sys::ibv_mr {
+        // SAFETY: the MR is live while any chunk holds it.
+        unsafe { &*self.mr.as_ptr() }
+    }
+
+    /// The chunk's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the chunk has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The local key of its region.
+    pub fn lkey(&self) -> u32 {
+        self.raw().lkey
+    }
+
+    /// The remote key of its region.
+    pub fn rkey(&self) -> u32 {
+        self.raw().rkey
+    }
+
+    /// The chunk's device address (its region's iova plus its offset).
+    pub fn addr(&self) -> u64 {
+        self.raw().addr as u64 + self.offset as u64
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `offset <= len of the buffer`, fixed at creation.
+        unsafe { self.mr.keep().1.ptr.as_ptr().add(self.offset) }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range is inside the live buffer, belongs to this chunk
+        // alone (chunks are disjoint and not Clone), and the device does not
+        // write it while the caller holds the chunk: the region has no remote
+        // write access (checked in `into_chunks`) and the chunk is not posted
+        // (posting moves it away).
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+    }
+
+    pub(crate) fn pd_handle(&self) -> u32 {
+        self.mr.keep().0.handle()
+    }
+
+    /// Whether `other` is a chunk of the same region.
+    pub fn same_region(&self, other: &Chunk) -> bool {
+        Arc::ptr_eq(&self.mr, &other.mr)
+    }
+}
+
+impl fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunk")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// Registers one region of `count * len` bytes and splits it into
+    /// `count` chunks of `len` bytes.
+    #[doc(alias = "ibv_reg_mr")]
+    pub fn alloc_chunks(
+        &self,
+        count: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Vec<Chunk>> {
+        let total = count.checked_mul(len).ok_or_else(|| {
+            Error::invalid(
+                "ibv_reg_mr",
+                format!("{count} chunks of {len} bytes overflow"),
+            )
+        })?;
+        self.register(total, access)?.into_chunks(len)
     }
 }
 

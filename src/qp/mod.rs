@@ -31,6 +31,12 @@ mod attr;
 mod connect;
 mod mask;
 mod modify;
+mod post;
+
+/// Pieces of the data path the SRQ shares.
+pub(crate) mod post_internal {
+    pub(crate) use super::post::{build_recv_chain, check_recv, fail, posted_count, RecvBuf};
+}
 mod query;
 mod table;
 mod typed;
@@ -41,6 +47,7 @@ mod values;
 pub use attr::QpAttr;
 pub use connect::{ConnectOptions, Endpoint};
 pub use mask::QpAttrMask;
+pub use post::{Completed, PostError, RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use query::{QpAttributes, QpInitAttributes};
 pub use table::{transition_rule, TransitionRule};
 pub use typed::{
@@ -62,6 +69,7 @@ use crate::error::{check_ptr, Error, Result};
 use crate::handle::{Owned, RawObject};
 use crate::pd::ProtectionDomain;
 use crate::port::LinkLayer;
+use crate::srq::SharedReceiveQueue;
 use crate::sys;
 
 impl RawObject for sys::ibv_qp {
@@ -148,6 +156,7 @@ pub struct QpInitAttr<'a> {
     qp_type: QpType,
     send_cq: &'a CompletionQueue,
     recv_cq: &'a CompletionQueue,
+    srq: Option<&'a SharedReceiveQueue>,
     caps: QpCaps,
     sq_sig_all: bool,
 }
@@ -165,9 +174,17 @@ impl<'a> QpInitAttr<'a> {
             qp_type,
             send_cq,
             recv_cq,
+            srq: None,
             caps: QpCaps::default(),
             sq_sig_all: false,
         }
+    }
+
+    /// Receives through `srq` instead of the QP's own receive queue
+    /// (`max_recv_wr` and `max_recv_sge` are then ignored).
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
+        self.srq = Some(srq);
+        self
     }
 
     /// Sets the queue sizes (`cap`).
@@ -185,10 +202,15 @@ impl<'a> QpInitAttr<'a> {
 }
 
 /// What a queue pair keeps alive: its PD and its CQs.
+///
+/// The outstanding requests' buffers live here too, so that they are freed
+/// only after the QP is destroyed, and leaked with it if destruction fails.
 struct QpKeep {
     pd: ProtectionDomain,
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
+    srq: Option<SharedReceiveQueue>,
+    pending: Box<post::Pending>,
 }
 
 /// A queue pair (`struct ibv_qp`).
@@ -231,6 +253,14 @@ impl QueuePair {
                 return Err(Error::invalid(
                     VERB,
                     format!("{which} belongs to another device context than the PD"),
+                ));
+            }
+        }
+        if let Some(srq) = attr.srq {
+            if !srq.pd().context().same_as(ctx) {
+                return Err(Error::invalid(
+                    VERB,
+                    "the SRQ belongs to another device context than the PD",
                 ));
             }
         }
@@ -279,7 +309,9 @@ impl QueuePair {
             qp_context: std::ptr::null_mut(),
             send_cq: attr.send_cq.as_ptr(),
             recv_cq: attr.recv_cq.as_ptr(),
-            srq: std::ptr::null_mut(),
+            srq: attr
+                .srq
+                .map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr),
             cap: caps.to_raw(),
             qp_type: attr.qp_type.as_raw(),
             sq_sig_all: c_int::from(attr.sq_sig_all),
@@ -298,10 +330,13 @@ impl QueuePair {
             }
             Err(e) => return Err(e),
         };
+        let caps = QpCaps::from_raw(&raw_attr.cap);
         let keep = QpKeep {
             pd: pd.clone(),
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),
+            srq: attr.srq.cloned(),
+            pending: Box::new(post::Pending::new(&caps)),
         };
         // SAFETY: a fresh QP owned by nobody else; `keep` holds its PD and CQs.
         let inner = unsafe { Owned::new(raw, keep) };
@@ -309,7 +344,7 @@ impl QueuePair {
             inner,
             qp_type: attr.qp_type,
             // ibv_create_qp wrote back the sizes the device actually gave.
-            caps: QpCaps::from_raw(&raw_attr.cap),
+            caps,
             state: QpState::Reset,
             port: None,
         })
@@ -346,6 +381,23 @@ impl QueuePair {
     /// The protection domain the QP was created in.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.inner.keep().pd
+    }
+
+    /// The shared receive queue the QP receives through, if any.
+    pub fn srq(&self) -> Option<&SharedReceiveQueue> {
+        self.inner.keep().srq.as_ref()
+    }
+
+    pub(crate) fn uses_srq(&self) -> bool {
+        self.inner.keep().srq.is_some()
+    }
+
+    pub(crate) fn pending(&self) -> &post::Pending {
+        &self.inner.keep().pending
+    }
+
+    pub(crate) fn pending_mut(&mut self) -> &mut post::Pending {
+        &mut self.inner.keep_mut().pending
     }
 
     /// Destroys the QP now, reporting failure.

@@ -100,6 +100,9 @@ impl QueuePair {
             self.state = to;
             if to == QpState::Reset {
                 self.port = None;
+                // RESET discards outstanding requests without completions:
+                // the device no longer uses their buffers.
+                self.pending_mut().clear();
             }
         }
         if let Some(p) = attr.get_port() {

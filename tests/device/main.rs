@@ -6,6 +6,7 @@
 mod common;
 
 mod context;
+mod data;
 mod modify;
 mod objects;
 mod qp;
@@ -16,5 +17,6 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(objects::TESTS);
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(modify::TESTS);
+    tests.extend_from_slice(data::TESTS);
     common::run("device", &tests)
 }

@@ -1,0 +1,786 @@
+//! The data path on a real device: every opcode, completion statuses,
+//! immediate data, inline sends, several SGEs, chains, unsignalled sends,
+//! flushes, UD through an address handle, SRQ, completion channels.
+
+use std::time::{Duration, Instant};
+
+use libtest_mimic::Failed;
+use rdma_verbs::qp::*;
+use rdma_verbs::{
+    AccessFlags, AsyncEvent, Chunk, CompletionChannel, CompletionQueue, Error, QpInitAttr, QpState,
+    QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use crate::common::{Env, TestFn};
+
+pub const TESTS: &[(&str, TestFn)] = &[
+    (
+        "data::send_recv_imm_inline_in_one_chain",
+        send_recv_imm_inline,
+    ),
+    ("data::rdma_write_read_and_write_with_imm", rdma_write_read),
+    ("data::atomics", atomics),
+    ("data::several_sges_each_way", several_sges),
+    (
+        "data::unsignaled_sends_come_back_with_the_next_signaled",
+        unsignaled_chain,
+    ),
+    (
+        "data::flush_after_err_hands_every_buffer_back",
+        flush_after_err,
+    ),
+    ("data::reset_discards_outstanding_requests", reset_discards),
+    (
+        "data::bad_posts_are_refused_with_buffers_returned",
+        bad_posts,
+    ),
+    ("data::ud_through_an_address_handle", ud_with_ah),
+    ("data::srq_receives_and_limit_event", srq),
+    ("data::completion_channel_events", channel_events),
+];
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Two connected QPs of type `t` on one device, sharing one CQ.
+struct Pair {
+    pd: rdma_verbs::ProtectionDomain,
+    cq: CompletionQueue,
+    a: QueuePair,
+    b: QueuePair,
+}
+
+fn opts(env: &Env, access: AccessFlags) -> ConnectOptions {
+    ConnectOptions {
+        port: env.port,
+        access,
+        ..Default::default()
+    }
+}
+
+fn pair(env: &Env, t: QpType, caps: QpCaps, access: AccessFlags) -> Result<Pair, Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(256)?;
+    let mut a = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).caps(caps))?;
+    let mut b = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).caps(caps))?;
+    let o = opts(env, access);
+    let (ea, eb) = (
+        a.local_endpoint(&o, Psn::new(100)?)?,
+        b.local_endpoint(&o, Psn::new(200)?)?,
+    );
+    a.connect(&o, ea.psn, &eb)?;
+    b.connect(&o, eb.psn, &ea)?;
+    Ok(Pair { pd, cq, a, b })
+}
+
+/// Polls `cq` until `n` completions arrived (or the deadline passed).
+fn poll_n(cq: &CompletionQueue, n: usize) -> Result<Vec<WorkCompletion>, Failed> {
+    let mut out = Vec::new();
+    let mut wcs = [WorkCompletion::default(); 16];
+    let start = Instant::now();
+    while out.len() < n {
+        out.extend_from_slice(cq.poll(&mut wcs)?);
+        if start.elapsed() > DEADLINE {
+            return Err(format!(
+                "{} of {n} completions after {DEADLINE:?}: {out:?}",
+                out.len()
+            )
+            .into());
+        }
+    }
+    ensure!(
+        out.len() == n,
+        "{} completions, expected {n}: {out:?}",
+        out.len()
+    );
+    Ok(out)
+}
+
+/// Reclaims `wc` on whichever QP it belongs to; returns the chunks with
+/// their wr_ids.
+fn reclaim(qps: &mut [&mut QueuePair], wc: &WorkCompletion) -> Vec<(u64, Chunk)> {
+    let mut back = Vec::new();
+    for qp in qps.iter_mut() {
+        qp.reclaim(wc, |done| {
+            let id = done.wr_id;
+            back.extend(done.chunks().map(|c| (id, c)));
+        });
+    }
+    back
+}
+
+fn chunks(p: &Pair, n: usize, len: usize) -> Result<Vec<Chunk>, Failed> {
+    Ok(p.pd.alloc_chunks(n, len, AccessFlags::LOCAL_WRITE)?)
+}
+
+fn send_recv_imm_inline(env: &Env) -> Result<(), Failed> {
+    let caps = QpCaps {
+        max_inline_data: 64,
+        ..QpCaps::default()
+    };
+    let mut p = pair(env, QpType::Rc, caps, AccessFlags::empty())?;
+    let mut bufs = chunks(&p, 5, 4096)?;
+    let mut send2 = bufs.pop().unwrap();
+    let mut send1 = bufs.pop().unwrap();
+    send1.as_mut_slice()[..5].copy_from_slice(b"hello");
+    send2.as_mut_slice()[..4].copy_from_slice(b"imm!");
+    let recvs: Vec<RecvWr> = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| RecvWr::new(10 + i as u64).sge(c))
+        .collect();
+    p.b.post_recv(recvs)?;
+    ensure!(p.b.outstanding_recvs() == 3, "3 receives outstanding");
+    p.a.post_send([
+        SendWr::new(1, SendOp::Send).sge_len(send1, 5),
+        SendWr::new(2, SendOp::SendWithImm(0xdead_beef)).sge_len(send2, 4),
+        SendWr::new(3, SendOp::Send).inline(b"inline!"),
+    ])?;
+    ensure!(p.a.outstanding_sends() == 3, "3 sends outstanding");
+    let wcs = poll_n(&p.cq, 6)?;
+    let mut received = Vec::new();
+    for wc in &wcs {
+        ensure!(
+            wc.status() == Ok(WcStatus::Success),
+            "status {:?}",
+            wc.status()
+        );
+        let back = reclaim(&mut [&mut p.a, &mut p.b], wc);
+        if wc.qp_num() == p.b.qp_num() {
+            ensure!(
+                wc.opcode() == Ok(WcOpcode::Recv),
+                "receive opcode {:?}",
+                wc.opcode()
+            );
+            ensure!(back.len() == 1, "one chunk per receive");
+            let (id, c) = &back[0];
+            received.push((
+                *id,
+                wc.byte_len(),
+                wc.imm_data(),
+                c.as_slice()[..wc.byte_len() as usize].to_vec(),
+            ));
+        } else {
+            ensure!(
+                wc.opcode() == Ok(WcOpcode::Send),
+                "send opcode {:?}",
+                wc.opcode()
+            );
+        }
+    }
+    ensure!(
+        p.a.outstanding_sends() == 0 && p.b.outstanding_recvs() == 0,
+        "requests left outstanding"
+    );
+    received.sort();
+    ensure!(
+        received
+            == vec![
+                (10, 5, None, b"hello".to_vec()),
+                (11, 4, Some(0xdead_beef), b"imm!".to_vec()),
+                (12, 7, None, b"inline!".to_vec()),
+            ],
+        "received {received:?}"
+    );
+    Ok(())
+}
+
+fn remote_region(p: &Pair, len: usize) -> Result<rdma_verbs::MemoryRegion, Failed> {
+    Ok(p.pd.register(
+        len,
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+    )?)
+}
+
+fn rdma_write_read(env: &Env) -> Result<(), Failed> {
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
+    let mut region = remote_region(&p, 8192)?;
+    region.write(0, &[0xee; 8192])?;
+    let remote = RemoteAddr {
+        addr: region.addr() + 100,
+        rkey: region.rkey(),
+    };
+    let mut bufs = chunks(&p, 3, 1000)?;
+    let (mut src, dst, note) = (bufs.remove(0), bufs.remove(0), bufs.remove(0));
+    for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let pattern = src.as_slice().to_vec();
+    p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(remote)).sge(src)])?;
+    let wc = poll_n(&p.cq, 1)?[0];
+    ensure!(
+        wc.is_success() && wc.opcode() == Ok(WcOpcode::RdmaWrite),
+        "write: {wc:?}"
+    );
+    let src = reclaim(&mut [&mut p.a], &wc)
+        .pop()
+        .ok_or("write chunk not returned")?
+        .1;
+    let mut landed = vec![0; 1000];
+    region.read(100, &mut landed)?;
+    ensure!(landed == pattern, "the write did not land");
+    let mut edge = [0u8; 1];
+    region.read(99, &mut edge)?;
+    ensure!(edge[0] == 0xee, "the write spilled before its address");
+
+    p.a.post_send([SendWr::new(2, SendOp::RdmaRead(remote)).sge(dst)])?;
+    let wc = poll_n(&p.cq, 1)?[0];
+    ensure!(
+        wc.is_success() && wc.opcode() == Ok(WcOpcode::RdmaRead),
+        "read: {wc:?}"
+    );
+    let dst = reclaim(&mut [&mut p.a], &wc)
+        .pop()
+        .ok_or("read chunk not returned")?
+        .1;
+    ensure!(
+        dst.as_slice() == pattern.as_slice(),
+        "the read brought back other bytes"
+    );
+
+    // A write with immediate consumes a receive at the peer.
+    p.b.post_recv([RecvWr::new(7).sge(note)])?;
+    p.a.post_send([
+        SendWr::new(3, SendOp::RdmaWriteWithImm(remote, 0x1234_5678)).sge_len(src, 10),
+    ])?;
+    let wcs = poll_n(&p.cq, 2)?;
+    let recv = wcs
+        .iter()
+        .find(|w| w.qp_num() == p.b.qp_num())
+        .ok_or("no receive completion")?;
+    ensure!(
+        recv.is_success() && recv.opcode() == Ok(WcOpcode::RecvRdmaWithImm),
+        "{recv:?}"
+    );
+    ensure!(
+        recv.imm_data() == Some(0x1234_5678),
+        "imm {:?}",
+        recv.imm_data()
+    );
+    ensure!(recv.byte_len() == 10, "byte_len {}", recv.byte_len());
+    for wc in &wcs {
+        ensure!(
+            !reclaim(&mut [&mut p.a, &mut p.b], wc).is_empty(),
+            "nothing reclaimed for {wc:?}"
+        );
+    }
+    Ok(())
+}
+
+fn atomics(env: &Env) -> Result<(), Failed> {
+    if env.ctx.attr().atomic_cap == rdma_verbs::AtomicCap::None {
+        eprintln!(
+            "data: {} has no atomics; atomics not exercised",
+            env.ctx.name()
+        );
+        return Ok(());
+    }
+    let access = AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
+    let mut region = remote_region(&p, 64)?;
+    region.write(8, &40u64.to_ne_bytes())?;
+    let remote = RemoteAddr {
+        addr: region.addr() + 8,
+        rkey: region.rkey(),
+    };
+    let mut old =
+        p.pd.alloc_chunks(1, 8, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .unwrap();
+    let mut run = |op: SendOp, old_chunk: Chunk| -> Result<(u64, Chunk), Failed> {
+        p.a.post_send([SendWr::new(9, op).sge(old_chunk)])?;
+        let wc = poll_n(&p.cq, 1)?[0];
+        ensure!(wc.is_success(), "{op:?}: {wc:?}");
+        let c = reclaim(&mut [&mut p.a], &wc)
+            .pop()
+            .ok_or("atomic chunk not returned")?
+            .1;
+        Ok((u64::from_ne_bytes(c.as_slice().try_into()?), c))
+    };
+    // Compare-and-swap that fails (40 != 1), then one that succeeds.
+    let (v, c) = run(
+        SendOp::CompareSwap {
+            remote,
+            compare: 1,
+            swap: 7,
+        },
+        old,
+    )?;
+    ensure!(v == 40, "cmp_and_swp returned {v}, expected the old 40");
+    let (v, c) = run(
+        SendOp::CompareSwap {
+            remote,
+            compare: 40,
+            swap: 7,
+        },
+        c,
+    )?;
+    ensure!(v == 40, "cmp_and_swp returned {v}");
+    let (v, c) = run(SendOp::FetchAdd { remote, add: 5 }, c)?;
+    ensure!(v == 7, "fetch_and_add returned {v}, expected 7");
+    old = c;
+    let mut now = [0u8; 8];
+    region.read(8, &mut now)?;
+    ensure!(
+        u64::from_ne_bytes(now) == 12,
+        "the region holds {}, expected 12",
+        u64::from_ne_bytes(now)
+    );
+    drop(old);
+    Ok(())
+}
+
+fn several_sges(env: &Env) -> Result<(), Failed> {
+    let caps = QpCaps {
+        max_send_sge: 3,
+        max_recv_sge: 2,
+        ..QpCaps::default()
+    };
+    let mut p = pair(env, QpType::Rc, caps, AccessFlags::empty())?;
+    let mut parts = chunks(&p, 3, 300)?;
+    for (i, c) in parts.iter_mut().enumerate() {
+        c.as_mut_slice().fill(b'a' + i as u8);
+    }
+    let mut wr = SendWr::new(1, SendOp::Send);
+    for (c, len) in parts.into_iter().zip([100, 200, 300]) {
+        wr = wr.sge_len(c, len);
+    }
+    let mut dst = chunks(&p, 2, 400)?;
+    let (d2, d1) = (dst.pop().unwrap(), dst.pop().unwrap());
+    p.b.post_recv([RecvWr::new(5).sge(d1).sge(d2)])?;
+    p.a.post_send([wr])?;
+    let wcs = poll_n(&p.cq, 2)?;
+    for wc in &wcs {
+        ensure!(wc.is_success(), "{wc:?}");
+        let back = reclaim(&mut [&mut p.a, &mut p.b], wc);
+        if wc.qp_num() == p.b.qp_num() {
+            ensure!(wc.byte_len() == 600, "byte_len {}", wc.byte_len());
+            ensure!(back.len() == 2, "two receive chunks");
+            let got: Vec<u8> = back
+                .iter()
+                .flat_map(|(_, c)| c.as_slice().to_vec())
+                .take(600)
+                .collect();
+            let want: Vec<u8> = [(b'a', 100), (b'b', 200), (b'c', 300)]
+                .iter()
+                .flat_map(|&(b, n)| std::iter::repeat_n(b, n))
+                .collect();
+            ensure!(got == want, "scattered bytes differ");
+        } else {
+            ensure!(
+                back.len() == 3,
+                "three send chunks back, got {}",
+                back.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn unsignaled_chain(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
+    let mut bufs = chunks(&p, 16, 64)?;
+    let recvs: Vec<RecvWr> = bufs
+        .drain(8..)
+        .enumerate()
+        .map(|(i, c)| RecvWr::new(100 + i as u64).sge(c))
+        .collect();
+    p.b.post_recv(recvs)?;
+    let sends: Vec<SendWr> = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let wr = SendWr::new(i as u64, SendOp::Send).sge(c);
+            if i == 7 {
+                wr
+            } else {
+                wr.unsignaled()
+            }
+        })
+        .collect();
+    p.a.post_send(sends)?; // eight requests, one call
+    let wcs = poll_n(&p.cq, 9)?; // one send completion, eight receives
+    std::thread::sleep(Duration::from_millis(50));
+    let mut extra = [WorkCompletion::default(); 4];
+    ensure!(
+        p.cq.poll(&mut extra)?.is_empty(),
+        "unsignalled sends produced completions"
+    );
+    let send_wc = wcs
+        .iter()
+        .find(|w| w.qp_num() == p.a.qp_num())
+        .ok_or("no send completion")?;
+    let mut ids = Vec::new();
+    let n = p.a.reclaim(send_wc, |d| ids.push((d.wr_id, d.signaled)));
+    ensure!(n == 8, "one signalled completion handed back {n} sends");
+    ensure!(
+        ids == (0..8).map(|i| (i, i == 7)).collect::<Vec<_>>(),
+        "{ids:?}"
+    );
+    ensure!(p.a.outstanding_sends() == 0, "sends left outstanding");
+    Ok(())
+}
+
+fn flush_after_err(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
+    // a: four sends the peer cannot take (no receives, RNR retry forever)
+    // and ten receives; all stay outstanding until a goes to ERR.
+    let mut bufs = chunks(&p, 14, 128)?;
+    let recvs: Vec<RecvWr> = bufs
+        .drain(4..)
+        .enumerate()
+        .map(|(i, c)| RecvWr::new(50 + i as u64).sge(c))
+        .collect();
+    p.a.post_recv(recvs)?;
+    let sends: Vec<SendWr> = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let wr = SendWr::new(i as u64, SendOp::Send).sge(c);
+            if i % 2 == 0 {
+                wr.unsignaled()
+            } else {
+                wr
+            }
+        })
+        .collect();
+    p.a.post_send(sends)?;
+    std::thread::sleep(Duration::from_millis(100));
+    let mut wcs = [WorkCompletion::default(); 4];
+    ensure!(p.cq.poll(&mut wcs)?.is_empty(), "completions before ERR");
+    p.a.modify(&QpAttr::new().state(QpState::Err))?;
+    let mut back = 0;
+    let mut flushed = 0;
+    let start = Instant::now();
+    let mut wcs = [WorkCompletion::default(); 16];
+    while p.a.outstanding_sends() + p.a.outstanding_recvs() > 0 {
+        for wc in p.cq.poll(&mut wcs)? {
+            ensure!(
+                wc.status() == Ok(WcStatus::WrFlushErr),
+                "status {:?}",
+                wc.status()
+            );
+            flushed += 1;
+            back += p.a.reclaim(wc, |d| drop(d.into_chunk()));
+        }
+        ensure!(
+            start.elapsed() < DEADLINE,
+            "{} requests never flushed",
+            p.a.outstanding_sends() + p.a.outstanding_recvs()
+        );
+    }
+    ensure!(back == 14, "{back} buffers handed back, expected 14");
+    eprintln!("data: ERR flushed {flushed} completions, handing back all {back} buffers");
+    Ok(())
+}
+
+fn reset_discards(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
+    let bufs = chunks(&p, 4, 64)?;
+    p.b.post_recv(
+        bufs.into_iter()
+            .map(|c| RecvWr::new(1).sge(c))
+            .collect::<Vec<_>>(),
+    )?;
+    ensure!(p.b.outstanding_recvs() == 4, "4 outstanding");
+    p.b.modify(&QpAttr::new().state(QpState::Reset))?;
+    ensure!(
+        p.b.outstanding_recvs() == 0,
+        "RESET kept {} receives",
+        p.b.outstanding_recvs()
+    );
+    Ok(())
+}
+
+fn bad_posts(env: &Env) -> Result<(), Failed> {
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_inline_data: 16,
+        ..QpCaps::default()
+    };
+    let mut p = pair(env, QpType::Rc, caps, AccessFlags::empty())?;
+    let expect = |r: Result<(), PostError>,
+                  returned: usize,
+                  what: &str,
+                  needle: &str|
+     -> Result<(), Failed> {
+        match r {
+            Err(PostError {
+                error: Error::InvalidArgument { reason, .. },
+                posted: 0,
+                returned: back,
+            }) => {
+                ensure!(
+                    back.len() == returned,
+                    "{what}: {} chunks returned, expected {returned}",
+                    back.len()
+                );
+                ensure!(
+                    reason.contains(needle),
+                    "{what}: reason {reason:?} lacks {needle:?}"
+                );
+                Ok(())
+            }
+            other => Err(format!("{what}: {other:?}").into()),
+        }
+    };
+    let pd = p.pd.clone();
+    let c = |n| pd.alloc_chunks(n, 64, AccessFlags::LOCAL_WRITE);
+    let caps = p.a.caps();
+    let mut two = c(2)?;
+    expect(
+        p.a.post_send([SendWr::new(1, SendOp::Send)
+            .sge(two.pop().unwrap())
+            .sge(two.pop().unwrap())]),
+        2,
+        "two SGEs with max_send_sge 1",
+        "max_send_sge",
+    )?;
+    let big = vec![0u8; caps.max_inline_data as usize + 1];
+    expect(
+        p.a.post_send([SendWr::new(1, SendOp::Send).inline(&big)]),
+        0,
+        "inline too large",
+        "max_inline_data",
+    )?;
+    expect(
+        p.a.post_send([SendWr::new(
+            1,
+            SendOp::FetchAdd {
+                remote: RemoteAddr { addr: 0, rkey: 0 },
+                add: 1,
+            },
+        )
+        .sge(c(1)?.pop().unwrap())]),
+        1,
+        "atomic with a 64-byte entry",
+        "8-byte",
+    )?;
+    let full: Vec<SendWr> = c(caps.max_send_wr as usize + 1)?
+        .into_iter()
+        .map(|x| SendWr::new(1, SendOp::Send).sge(x))
+        .collect();
+    expect(
+        p.a.post_send(full),
+        caps.max_send_wr as usize + 1,
+        "more than the send queue holds",
+        "exceed",
+    )?;
+    let other_pd = env.ctx.alloc_pd()?;
+    let foreign = other_pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .unwrap();
+    expect(
+        p.a.post_send([SendWr::new(1, SendOp::Send).sge(foreign)]),
+        1,
+        "chunk of another PD",
+        "protection domain",
+    )?;
+    ensure!(p.a.outstanding_sends() == 0, "a refused post left requests");
+    // UC cannot read.
+    let mut uc = pair(env, QpType::Uc, QpCaps::default(), AccessFlags::empty())?;
+    expect(
+        uc.a.post_send([
+            SendWr::new(1, SendOp::RdmaRead(RemoteAddr { addr: 0, rkey: 0 }))
+                .sge(chunks(&uc, 1, 8)?.pop().unwrap()),
+        ]),
+        1,
+        "RDMA read on UC",
+        "UC",
+    )?;
+    let ud = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
+    let mut ud_a = ud.a;
+    expect(
+        ud_a.post_send([SendWr::new(1, SendOp::Send).inline(b"x")]),
+        0,
+        "UD send without a destination",
+        "UD",
+    )?;
+    Ok(())
+}
+
+fn ud_with_ah(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
+    let o = opts(env, AccessFlags::empty());
+    let eb = p.b.local_endpoint(&o, Psn::new(1)?)?;
+    let mut av = AddressVector::new(env.port).dlid(eb.lid);
+    if !eb.gid.is_zero() {
+        let idx = env
+            .ctx
+            .gid_table()?
+            .into_iter()
+            .find(|e| e.gid == eb.gid)
+            .map(|e| e.index as u8)
+            .unwrap_or(0);
+        av = av.global(GlobalRoute::new(eb.gid, idx).hop_limit(64));
+    }
+    let ah = p.pd.create_ah(&av)?;
+    let mut bufs = chunks(&p, 2, 1024 + 40)?;
+    let mut send = bufs.pop().unwrap();
+    send.as_mut_slice()[..9].copy_from_slice(b"datagram!");
+    p.b.post_recv([RecvWr::new(1).sge(bufs.pop().unwrap())])?;
+    p.a.post_send(
+        [SendWr::new(2, SendOp::SendWithImm(42))
+            .sge_len(send, 9)
+            .ud(&ah, eb.qpn, QKey::PINGPONG)],
+    )?;
+    drop(ah); // the send keeps its address handle alive
+    let wcs = poll_n(&p.cq, 2)?;
+    for wc in &wcs {
+        ensure!(wc.is_success(), "{wc:?}");
+        let back = reclaim(&mut [&mut p.a, &mut p.b], wc);
+        if wc.qp_num() == p.b.qp_num() {
+            ensure!(wc.src_qp() == p.a.qp_num(), "src_qp {:#x}", wc.src_qp());
+            ensure!(wc.imm_data() == Some(42), "imm {:?}", wc.imm_data());
+            ensure!(
+                wc.byte_len() == 40 + 9,
+                "byte_len {} (GRH + 9)",
+                wc.byte_len()
+            );
+            ensure!(
+                &back[0].1.as_slice()[40..49] == b"datagram!",
+                "payload after the 40-byte GRH differs"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, what: &str) -> Result<(), Failed> {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, 5000) };
+    ensure!(n == 1, "{what}: descriptor not readable within 5 s");
+    Ok(())
+}
+
+fn srq(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let srq = pd.create_srq(8, 1, 0)?;
+    let mut sender = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+    let mut receiver = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq))?;
+    ensure!(
+        receiver.srq().is_some_and(|s| s.same_as(&srq)),
+        "QP does not report its SRQ"
+    );
+    let o = opts(env, AccessFlags::empty());
+    let (es, er) = (
+        sender.local_endpoint(&o, Psn::new(1)?)?,
+        receiver.local_endpoint(&o, Psn::new(2)?)?,
+    );
+    sender.connect(&o, es.psn, &er)?;
+    receiver.connect(&o, er.psn, &es)?;
+    let mut bufs = pd.alloc_chunks(6, 256, AccessFlags::LOCAL_WRITE)?;
+    let sends: Vec<Chunk> = bufs.drain(4..).collect();
+    srq.post_recv(
+        bufs.into_iter()
+            .enumerate()
+            .map(|(i, c)| RecvWr::new(i as u64).sge(c))
+            .collect::<Vec<_>>(),
+    )?;
+    ensure!(srq.outstanding() == 4, "4 on the SRQ");
+    // Posting to a QP that uses an SRQ is refused.
+    let spare = pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .unwrap();
+    ensure!(
+        receiver.post_recv([RecvWr::new(9).sge(spare)]).is_err(),
+        "QP with SRQ took a receive"
+    );
+    // Arm the limit: below 3 remaining, an async event.
+    srq.arm_limit(3)?;
+    sender.post_send(
+        sends
+            .into_iter()
+            .map(|c| SendWr::new(0, SendOp::Send).sge_len(c, 16))
+            .collect::<Vec<_>>(),
+    )?;
+    let wcs = poll_n(&cq, 4)?;
+    let mut got = 0;
+    for wc in &wcs {
+        ensure!(wc.is_success(), "{wc:?}");
+        if wc.qp_num() == receiver.qp_num() {
+            ensure!(
+                receiver.reclaim(wc, |_| ()) == 0,
+                "the QP claimed an SRQ receive"
+            );
+            got += srq.reclaim(wc, |d| ensure_chunk(d.into_chunk()));
+        } else {
+            sender.reclaim(wc, |_| ());
+        }
+    }
+    ensure!(
+        got == 2 && srq.outstanding() == 2,
+        "SRQ handed back {got}, {} outstanding",
+        srq.outstanding()
+    );
+    wait_readable(env.ctx.async_fd(), "SRQ limit event")?;
+    match env.ctx.get_async_event()? {
+        AsyncEvent::SrqLimitReached { srq_handle } => {
+            ensure!(srq_handle == srq.handle(), "event for another SRQ")
+        }
+        other => return Err(format!("expected SrqLimitReached, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+fn ensure_chunk(c: Option<Chunk>) {
+    assert!(c.is_some(), "a reclaimed receive had no chunk");
+}
+
+fn channel_events(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let channel = CompletionChannel::new(&env.ctx)?;
+    let cq = env.ctx.create_cq_with_channel(16, &channel, 0)?;
+    let plain = env.ctx.create_cq(4)?;
+    ensure!(
+        plain.req_notify(false).is_err(),
+        "req_notify without a channel accepted"
+    );
+    let mut a = pd.create_qp(&QpInitAttr::new(QpType::Ud, &cq, &cq))?;
+    let o = opts(env, AccessFlags::empty());
+    let ea = a.local_endpoint(&o, Psn::new(1)?)?;
+    a.connect(&o, ea.psn, &ea)?;
+    channel.set_nonblocking(true)?;
+    match channel.get_event() {
+        Err(e) => ensure!(e.errno() == Some(libc::EAGAIN), "no event pending: {e}"),
+        Ok(ev) => return Err(format!("event before any completion: {ev:?}").into()),
+    }
+    cq.req_notify(false)?;
+    let mut av = AddressVector::new(env.port).dlid(ea.lid);
+    if !ea.gid.is_zero() {
+        let idx = env
+            .ctx
+            .gid_table()?
+            .into_iter()
+            .find(|e| e.gid == ea.gid)
+            .map(|e| e.index as u8)
+            .unwrap_or(0);
+        av = av.global(GlobalRoute::new(ea.gid, idx));
+    }
+    let ah = pd.create_ah(&av)?;
+    a.post_send([SendWr::new(1, SendOp::Send)
+        .inline(b"")
+        .ud(&ah, ea.qpn, QKey::PINGPONG)])?;
+    use std::os::fd::AsFd;
+    wait_readable(channel.as_fd(), "completion event")?;
+    let ev = channel.get_event()?;
+    ensure!(
+        ev.is_for(&cq) && !ev.is_for(&plain),
+        "event for the wrong CQ"
+    );
+    let wcs = poll_n(&cq, 1)?;
+    ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    Ok(())
+}
