@@ -1,7 +1,9 @@
-//! Compile-fail tests: the typed transition API refuses, at compile time, a
+//! Compile-fail tests. The typed transition API refuses, at compile time, a
 //! missing required attribute, an attribute the transition does not take,
-//! and a builder of another transport. Each case is a file in
-//! `tests/compile_fail/` with the compiler's expected complaint beside it.
+//! and a builder of another transport; the data path refuses using,
+//! freeing or holding a slice of a buffer once it is posted, and a slice of
+//! memory peers may write. Each case is a file in `tests/compile_fail/`
+//! with the compiler's expected complaint beside it.
 //!
 //! They run rustc, so inside the soft-RoCE VM (`RDMA_VERBS_VM=1`) they are
 //! reported as ignored; the host's `cargo test` runs them.

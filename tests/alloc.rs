@@ -1,0 +1,185 @@
+//! Posting and polling allocate nothing on the heap in steady state.
+//!
+//! A counting global allocator counts the allocations made by the test's
+//! own thread; after a warm-up (which sizes the QP's scratch space), a
+//! thousand ping-pong rounds of post_recv + post_send + poll + reclaim, and
+//! a thousand chains of four sends, must make none.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::Failed;
+use rdma_verbs::qp::{ConnectOptions, Psn, RecvWr, SendOp, SendWr};
+use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpInitAttr, QpType, WorkCompletion};
+
+use common::{Env, TestFn};
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Counting;
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// only addition is bumping a thread-local counter, which does not allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+const TESTS: &[(&str, TestFn)] = &[(
+    "alloc::steady_state_posting_and_polling_allocate_nothing",
+    steady_state,
+)];
+
+fn main() -> std::process::ExitCode {
+    common::run("alloc", TESTS)
+}
+
+fn steady_state(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        ..QpCaps::default()
+    };
+    let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+    let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+    let o = ConnectOptions {
+        port: env.port,
+        ..Default::default()
+    };
+    let (ea, eb) = (
+        a.local_endpoint(&o, Psn::new(1)?)?,
+        b.local_endpoint(&o, Psn::new(2)?)?,
+    );
+    a.connect(&o, ea.psn, &eb)?;
+    b.connect(&o, eb.psn, &ea)?;
+
+    // Fixed homes for the chunks between rounds: no Vec pushes.
+    let mut bufs = pd
+        .alloc_chunks(16, 256, AccessFlags::LOCAL_WRITE)?
+        .into_iter();
+    let mut send: [Option<Chunk>; 4] = std::array::from_fn(|_| bufs.next());
+    let mut recv: [Option<Chunk>; 4] = std::array::from_fn(|_| bufs.next());
+    let mut wcs = [WorkCompletion::default(); 8];
+
+    let mut round = |chain: usize| -> Result<(), Failed> {
+        let mut r = recv.iter_mut();
+        let mut next_recv =
+            || RecvWr::new(1).sge(r.next().and_then(Option::take).expect("a receive chunk"));
+        match chain {
+            1 => b.post_recv([next_recv()])?,
+            _ => b.post_recv([next_recv(), next_recv(), next_recv(), next_recv()])?,
+        }
+        let mut s = send.iter_mut();
+        let mut next_send = |signaled: bool| {
+            let wr = SendWr::new(2, SendOp::Send)
+                .sge_len(s.next().and_then(Option::take).expect("a send chunk"), 64);
+            if signaled {
+                wr
+            } else {
+                wr.unsignaled()
+            }
+        };
+        match chain {
+            1 => a.post_send([next_send(true)])?,
+            _ => a.post_send([
+                next_send(false),
+                next_send(false),
+                next_send(false),
+                next_send(true),
+            ])?,
+        }
+        let want = 1 + chain; // one signalled send completion, `chain` receives
+        let mut seen = 0;
+        let start = Instant::now();
+        while seen < want {
+            for wc in cq.poll(&mut wcs)? {
+                if !wc.is_success() {
+                    return Err("a completion failed".into());
+                }
+                seen += 1;
+                let home = if wc.qp_num() == a.qp_num() {
+                    &mut send
+                } else {
+                    &mut recv
+                };
+                let mut put = |c: Chunk| {
+                    if let Some(slot) = home.iter_mut().find(|s| s.is_none()) {
+                        *slot = Some(c);
+                    }
+                };
+                a.reclaim(wc, |d| d.chunks().for_each(&mut put));
+                b.reclaim(wc, |d| d.chunks().for_each(&mut put));
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err("completions did not arrive".into());
+            }
+        }
+        Ok(())
+    };
+
+    // The counter does see allocations on this thread.
+    let before = allocations();
+    let probe = std::hint::black_box(vec![1u8; 16]);
+    ensure!(
+        allocations() > before,
+        "the counting allocator counted nothing"
+    );
+    drop(probe);
+
+    for _ in 0..20 {
+        round(1)?;
+        round(4)?;
+    }
+    let before = allocations();
+    for _ in 0..1000 {
+        round(1)?;
+    }
+    let single = allocations() - before;
+    let before = allocations();
+    for _ in 0..1000 {
+        round(4)?;
+    }
+    let chained = allocations() - before;
+    eprintln!(
+        "alloc: {single} heap allocations in 1000 single rounds, {chained} in 1000 chains of 4 (post_recv, post_send, poll, reclaim)"
+    );
+    ensure!(
+        single == 0,
+        "{single} allocations in steady-state single posts"
+    );
+    ensure!(chained == 0, "{chained} allocations in steady-state chains");
+    Ok(())
+}
