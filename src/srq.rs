@@ -169,7 +169,7 @@ impl SharedReceiveQueue {
         const VERB: &str = "ibv_post_srq_recv";
         let wrs = wrs.into_iter();
         let n = wrs.len();
-        let mut reqs = crate::qp::post_internal::RecvBuf::new();
+        let mut reqs = crate::qp::post_internal::Batch::new();
         let mut p = self.pending();
         let mut error = (n > p.free.len()).then(|| {
             Error::invalid(
@@ -191,11 +191,7 @@ impl SharedReceiveQueue {
             reqs.push(wr);
         }
         if let Some(e) = error {
-            let mut back = Vec::new();
-            for mut wr in reqs.drain() {
-                wr.sges.drain_into(&mut back);
-            }
-            return Err(crate::qp::post_internal::fail(e, 0, back));
+            return Err(reqs.refuse(e));
         }
         p.generation = p.generation.wrapping_add(1);
         let generation = p.generation;

@@ -616,7 +616,7 @@ impl QueuePair {
                 ),
             )
         });
-        let mut reqs = ReqBuf::new();
+        let mut reqs = Batch::new();
         for wr in wrs {
             if error.is_none() {
                 error = self.check_send(&wr).err();
@@ -624,11 +624,7 @@ impl QueuePair {
             reqs.push(wr);
         }
         if let Some(e) = error {
-            let mut back = Vec::new();
-            for mut wr in reqs.drain() {
-                wr.sges.drain_into(&mut back);
-            }
-            return Err(fail(e, 0, back));
+            return Err(reqs.refuse(e));
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
@@ -708,7 +704,7 @@ impl QueuePair {
             }
             p.send_wrs.push(raw);
         }
-        link_send(&mut p.send_wrs, &mut p.sges);
+        link_chain(&mut p.send_wrs, &mut p.sges);
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is live; `send_wrs` is a NULL-terminated chain whose
         // sg_lists point into `sges`, both unchanged until the call returns;
@@ -752,7 +748,7 @@ impl QueuePair {
         const VERB: &str = "ibv_post_recv";
         let wrs = wrs.into_iter();
         let n = wrs.len();
-        let mut reqs = RecvBuf::new();
+        let mut reqs = Batch::new();
         let mut error = None;
         let (cap, outstanding) = (self.pending().recv_cap, self.pending().recv.len());
         if self.uses_srq() {
@@ -775,11 +771,7 @@ impl QueuePair {
             reqs.push(wr);
         }
         if let Some(e) = error {
-            let mut back = Vec::new();
-            for mut wr in reqs.drain() {
-                wr.sges.drain_into(&mut back);
-            }
-            return Err(fail(e, 0, back));
+            return Err(reqs.refuse(e));
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
@@ -858,58 +850,41 @@ impl QueuePair {
     }
 }
 
-/// Requests of one call, kept in order without allocating for the usual
-/// small chains.
-struct ReqBuf<'a> {
-    inline: [Option<SendWr<'a>>; 8],
+/// Requests of one call, kept in order without allocating for chains of up
+/// to eight.
+pub(crate) struct Batch<T> {
+    inline: [Option<T>; 8],
     n: usize,
-    more: Vec<SendWr<'a>>,
+    more: Vec<T>,
 }
 
-impl<'a> ReqBuf<'a> {
-    fn new() -> Self {
-        ReqBuf {
-            inline: Default::default(),
-            n: 0,
-            more: Vec::new(),
-        }
-    }
-    fn push(&mut self, wr: SendWr<'a>) {
-        if self.n < self.inline.len() {
-            self.inline[self.n] = Some(wr);
-            self.n += 1;
-        } else {
-            self.more.push(wr);
-        }
-    }
-    fn iter(&self) -> impl Iterator<Item = &SendWr<'a>> {
-        self.inline.iter().flatten().chain(self.more.iter())
-    }
-    fn drain(&mut self) -> impl Iterator<Item = SendWr<'a>> + '_ {
-        self.n = 0;
-        self.inline
-            .iter_mut()
-            .filter_map(Option::take)
-            .chain(self.more.drain(..))
+/// Work requests that carry scatter/gather entries.
+pub(crate) trait HasSges {
+    fn sges_mut(&mut self) -> &mut Sges;
+}
+
+impl HasSges for SendWr<'_> {
+    fn sges_mut(&mut self) -> &mut Sges {
+        &mut self.sges
     }
 }
 
-/// The same for receives.
-pub(crate) struct RecvBuf {
-    inline: [Option<RecvWr>; 8],
-    n: usize,
-    more: Vec<RecvWr>,
+impl HasSges for RecvWr {
+    fn sges_mut(&mut self) -> &mut Sges {
+        &mut self.sges
+    }
 }
 
-impl RecvBuf {
+impl<T: HasSges> Batch<T> {
     pub(crate) fn new() -> Self {
-        RecvBuf {
+        Batch {
             inline: Default::default(),
             n: 0,
             more: Vec::new(),
         }
     }
-    pub(crate) fn push(&mut self, wr: RecvWr) {
+
+    pub(crate) fn push(&mut self, wr: T) {
         if self.n < self.inline.len() {
             self.inline[self.n] = Some(wr);
             self.n += 1;
@@ -917,15 +892,26 @@ impl RecvBuf {
             self.more.push(wr);
         }
     }
-    fn iter(&self) -> impl Iterator<Item = &RecvWr> {
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
         self.inline.iter().flatten().chain(self.more.iter())
     }
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = RecvWr> + '_ {
+
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         self.n = 0;
         self.inline
             .iter_mut()
             .filter_map(Option::take)
             .chain(self.more.drain(..))
+    }
+
+    /// A refusal before any call: every request's chunks go back.
+    pub(crate) fn refuse(&mut self, error: Error) -> PostError {
+        let mut back = Vec::new();
+        for mut wr in self.drain() {
+            wr.sges_mut().drain_into(&mut back);
+        }
+        fail(error, 0, back)
     }
 }
 
@@ -963,7 +949,7 @@ pub(crate) fn check_recv(
 pub(crate) fn build_recv_chain(
     wrs: &mut Vec<sys::ibv_recv_wr>,
     sges: &mut Vec<sys::ibv_sge>,
-    reqs: &RecvBuf,
+    reqs: &Batch<RecvWr>,
     id: impl Fn(usize) -> u64,
 ) {
     wrs.clear();
@@ -984,43 +970,67 @@ pub(crate) fn build_recv_chain(
             num_sge: (sges.len() - start) as c_int,
         });
     }
-    let base = sges.as_mut_ptr();
-    let n = wrs.len();
-    let wbase = wrs.as_mut_ptr();
-    for (i, w) in wrs.iter_mut().enumerate() {
-        // `sg_list` held the entry's start index; make it a pointer now that
-        // `sges` no longer grows.
-        let start = w.sg_list as usize;
-        w.sg_list = if w.num_sge > 0 {
-            base.wrapping_add(start)
-        } else {
-            std::ptr::null_mut()
-        };
-        w.next = if i + 1 < n {
-            wbase.wrapping_add(i + 1)
-        } else {
-            std::ptr::null_mut()
-        };
+    link_chain(wrs, sges);
+}
+
+/// The fields the two raw request types chain with.
+trait ChainLink: Sized {
+    /// While building, `sg_list` holds the request's first index into the
+    /// entry vector, not a pointer.
+    fn sg_start(&self) -> usize;
+    fn has_sges(&self) -> bool;
+    fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self);
+}
+
+impl ChainLink for sys::ibv_send_wr {
+    fn sg_start(&self) -> usize {
+        self.sg_list as usize
+    }
+    fn has_sges(&self) -> bool {
+        self.num_sge > 0
+    }
+    fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self) {
+        self.sg_list = sg_list;
+        self.next = next;
     }
 }
 
-/// Turns the start indexes in `sg_list` into pointers and links the chain.
-fn link_send(wrs: &mut [sys::ibv_send_wr], sges: &mut [sys::ibv_sge]) {
+impl ChainLink for sys::ibv_recv_wr {
+    fn sg_start(&self) -> usize {
+        self.sg_list as usize
+    }
+    fn has_sges(&self) -> bool {
+        self.num_sge > 0
+    }
+    fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self) {
+        self.sg_list = sg_list;
+        self.next = next;
+    }
+}
+
+/// Turns the start indexes in `sg_list` into pointers into `sges` and links
+/// the requests into a NULL-terminated chain, once neither vector grows.
+/// Every pointer is derived from the two base pointers, which the post call
+/// then receives (`Vec::as_mut_ptr` makes no reference to the elements).
+fn link_chain<W: ChainLink>(wrs: &mut [W], sges: &mut [sys::ibv_sge]) {
     let base = sges.as_mut_ptr();
-    let n = wrs.len();
     let wbase = wrs.as_mut_ptr();
-    for (i, w) in wrs.iter_mut().enumerate() {
-        let start = w.sg_list as usize;
-        w.sg_list = if w.num_sge > 0 {
-            base.wrapping_add(start)
+    let n = wrs.len();
+    for i in 0..n {
+        // SAFETY: `i < n`, so `wbase + i` is an initialised element of `wrs`,
+        // which this function borrows mutably; no other reference to it exists.
+        let w = unsafe { &mut *wbase.add(i) };
+        let sg = if w.has_sges() {
+            base.wrapping_add(w.sg_start())
         } else {
             std::ptr::null_mut()
         };
-        w.next = if i + 1 < n {
+        let next = if i + 1 < n {
             wbase.wrapping_add(i + 1)
         } else {
             std::ptr::null_mut()
         };
+        w.set_links(sg, next);
     }
 }
 
