@@ -12,6 +12,15 @@ use crate::pd::ProtectionDomain;
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
 
+const INDEX_BITS: u32 = 24;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+/// A generation never handed out before in this process.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & ((1 << (64 - INDEX_BITS)) - 1)
+}
+
 impl RawObject for sys::ibv_srq {
     const DESTROY: &'static str = "ibv_destroy_srq";
     const NAME: &'static str = "shared receive queue";
@@ -23,17 +32,17 @@ impl RawObject for sys::ibv_srq {
 
 struct Slot {
     wr_id: u64,
-    generation: u32,
+    generation: u64,
     chunks: [Option<Chunk>; MAX_SGE],
 }
 
-/// Outstanding receives of an SRQ: a slab indexed by the low 32 bits of the
-/// wr_id handed to the device, with a generation in the high bits so that a
-/// stale or foreign completion can never take another request's buffers.
+/// Outstanding receives of an SRQ: a slab indexed by the low 24 bits of the
+/// wr_id handed to the device, with a generation in the high 40 bits. Each
+/// post call takes a generation from one process-wide counter, so a stale
+/// completion, or one of another SRQ or device, never matches a slot.
 struct SrqPending {
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
-    generation: u32,
     recv_wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
 }
@@ -85,10 +94,11 @@ impl SharedReceiveQueue {
                 errno: None,
             });
         }
-        if max_wr == 0 || max_wr > dev.max_srq_wr {
+        let wr_max = dev.max_srq_wr.min(INDEX_MASK as u32);
+        if max_wr == 0 || max_wr > wr_max {
             return Err(Error::invalid(
                 VERB,
-                format!("max_wr {max_wr} is outside 1..={}", dev.max_srq_wr),
+                format!("max_wr {max_wr} is outside 1..={wr_max}"),
             ));
         }
         let sge_max = dev.max_srq_sge.min(MAX_SGE as u32);
@@ -114,14 +124,13 @@ impl SharedReceiveQueue {
         };
         // SAFETY: the PD is live; `attr` is a valid in/out struct.
         let raw = check_ptr(VERB, unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) })?;
-        let slots = attr.attr.max_wr.max(max_wr) as usize;
+        let slots = attr.attr.max_wr.clamp(max_wr, INDEX_MASK as u32) as usize;
         let keep = SrqKeep {
             pd: pd.clone(),
             max_sge: attr.attr.max_sge.max(max_sge),
             pending: Mutex::new(SrqPending {
                 slots: (0..slots).map(|_| None).collect(),
                 free: (0..slots as u32).rev().collect(),
-                generation: 0,
                 recv_wrs: Vec::new(),
                 sges: Vec::new(),
             }),
@@ -193,14 +202,13 @@ impl SharedReceiveQueue {
         if let Some(e) = error {
             return Err(reqs.refuse(e));
         }
-        p.generation = p.generation.wrapping_add(1);
-        let generation = p.generation;
+        let generation = next_generation();
         let free_len = p.free.len();
         // The slots the chain uses: the last `n` entries of the free list, in
         // the order `pop` will hand them out below.
         let p = &mut *p;
         let free = &p.free;
-        let id_of = |i: usize| (u64::from(generation) << 32) | u64::from(free[free_len - 1 - i]);
+        let id_of = |i: usize| (generation << INDEX_BITS) | u64::from(free[free_len - 1 - i]);
         crate::qp::post_internal::build_recv_chain(&mut p.recv_wrs, &mut p.sges, &reqs, id_of);
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: the SRQ is live; a NULL-terminated chain into the scratch
@@ -237,7 +245,7 @@ impl SharedReceiveQueue {
     /// SRQ) ends; returns 1, or 0 when `wc` is not one of this SRQ's.
     pub fn reclaim(&self, wc: &WorkCompletion, mut f: impl FnMut(Completed)) -> usize {
         let id = wc.wr_id();
-        let (index, generation) = ((id & 0xffff_ffff) as usize, (id >> 32) as u32);
+        let (index, generation) = ((id & INDEX_MASK) as usize, id >> INDEX_BITS);
         let mut p = self.pending();
         let hit = matches!(p.slots.get(index), Some(Some(s)) if s.generation == generation);
         if !hit {

@@ -34,8 +34,9 @@
 //! QP keeps, then handed to the provider in one call: in steady state,
 //! posting and reclaiming allocate nothing.
 //!
-//! For expert use the raw path remains: [`QueuePair::as_raw`] with
-//! `sys::ibv_post_send` is `unsafe`, and the caller keeps the buffers alive.
+//! For expert use the raw path remains: [`QueuePair::post_send_raw`] and
+//! [`QueuePair::post_recv_raw`] are `unsafe`, and their caller keeps the
+//! buffers alive.
 
 use std::collections::VecDeque;
 use std::ffi::c_int;
@@ -53,6 +54,30 @@ use crate::sys;
 pub const MAX_SGE: usize = 4;
 
 const RECV_BIT: u64 = 1 << 63;
+
+/// Each QP numbers its requests from a range of its own, taken from one
+/// process-wide counter, so that no two QPs (of any device) ever hand the
+/// device the same `wr_id`. [`QueuePair::reclaim`] then only accepts a
+/// `wr_id` it issued itself: a completion of another QP, of a QP destroyed
+/// before, or of another device cannot give back a buffer still in use.
+const RANGE: u64 = 1 << 36;
+
+/// A fresh, never used range start (ranges go up; 2^27 of them fit below
+/// the receive bit).
+fn fresh_range() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(RANGE);
+    NEXT.fetch_add(RANGE, std::sync::atomic::Ordering::Relaxed) & !RECV_BIT
+}
+
+/// The first sequence number of a chain of `n`, moving to a fresh range
+/// when the current one cannot hold it.
+fn take_seqs(next: &mut u64, range_start: &mut u64, n: usize) -> u64 {
+    if *next + n as u64 > *range_start + RANGE {
+        *range_start = fresh_range();
+        *next = *range_start;
+    }
+    *next
+}
 
 /// Where in a peer's memory an RDMA or atomic operation goes: the address
 /// and rkey of the peer's registered region (as the peer announced them).
@@ -406,6 +431,8 @@ pub(crate) struct Pending {
     recv_cap: usize,
     next_send: u64,
     next_recv: u64,
+    send_range: u64,
+    recv_range: u64,
     send_wrs: Vec<sys::ibv_send_wr>,
     recv_wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
@@ -422,13 +449,16 @@ impl Pending {
     pub(crate) fn new(caps: &QpCaps) -> Self {
         let send_cap = caps.max_send_wr as usize;
         let recv_cap = caps.max_recv_wr as usize;
+        let (send_range, recv_range) = (fresh_range(), fresh_range());
         Pending {
             send: VecDeque::with_capacity(send_cap),
             recv: VecDeque::with_capacity(recv_cap),
             send_cap,
             recv_cap,
-            next_send: 0,
-            next_recv: 0,
+            next_send: send_range,
+            next_recv: recv_range,
+            send_range,
+            recv_range,
             send_wrs: Vec::new(),
             recv_wrs: Vec::new(),
             sges: Vec::new(),
@@ -628,7 +658,7 @@ impl QueuePair {
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
-        let first_seq = p.next_send;
+        let first_seq = take_seqs(&mut p.next_send, &mut p.send_range, n);
         p.send_wrs.clear();
         p.sges.clear();
         for (i, wr) in reqs.iter().enumerate() {
@@ -775,7 +805,7 @@ impl QueuePair {
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
-        let first_seq = p.next_recv;
+        let first_seq = take_seqs(&mut p.next_recv, &mut p.recv_range, n);
         build_recv_chain(&mut p.recv_wrs, &mut p.sges, &reqs, |i| {
             (first_seq + i as u64) | RECV_BIT
         });
@@ -805,12 +835,56 @@ impl QueuePair {
         }
     }
 
+    /// Posts a raw chain of send requests, bypassing the buffer ownership of
+    /// [`post_send`](Self::post_send): the expert path.
+    ///
+    /// Completions of these requests carry the caller's own `wr_id`s and are
+    /// not [`reclaim`](Self::reclaim)ed (give them `wr_id`s with the top bit
+    /// clear that cannot collide with the safe path's, or do not mix the two
+    /// on one QP).
+    ///
+    /// # Safety
+    /// `wr` is a valid NULL-terminated chain; every `sg_list` entry names
+    /// memory registered in this QP's PD that stays allocated, and is not
+    /// accessed by Rust code in a way that conflicts with the device (no
+    /// references to memory the device writes), until the request's
+    /// completion has been polled or the QP is destroyed or reset; UD
+    /// requests name address handles that outlive them; and the completions
+    /// of these requests are never passed to [`reclaim`](Self::reclaim)
+    /// (their `wr_id`s are the caller's, and could name the safe path's).
+    #[doc(alias = "ibv_post_send")]
+    pub unsafe fn post_send_raw(&mut self, wr: &mut sys::ibv_send_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; the caller vouches for the chain.
+        let rc = unsafe { sys::ibv_post_send(self.as_ptr(), wr, &mut bad) };
+        crate::error::check_rc("ibv_post_send", rc).map(|_| ())
+    }
+
+    /// Posts a raw chain of receive requests: the expert path, as
+    /// [`post_send_raw`](Self::post_send_raw).
+    ///
+    /// # Safety
+    /// As for [`post_send_raw`](Self::post_send_raw): the memory every entry
+    /// names stays allocated and untouched by Rust until its completion has
+    /// been polled or the QP is destroyed or reset, and those completions
+    /// are never passed to [`reclaim`](Self::reclaim).
+    #[doc(alias = "ibv_post_recv")]
+    pub unsafe fn post_recv_raw(&mut self, wr: &mut sys::ibv_recv_wr) -> Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; the caller vouches for the chain.
+        let rc = unsafe { sys::ibv_post_recv(self.as_ptr(), wr, &mut bad) };
+        crate::error::check_rc("ibv_post_recv", rc).map(|_| ())
+    }
+
     /// Hands back the requests that completion `wc` ends, calling `f` for
     /// each; returns how many.
     ///
     /// A receive completion ends its receive. A send completion ends its
     /// send and every unsignalled send posted before it. Completions of
-    /// other QPs (same CQ), or already reclaimed, end nothing. Works for
+    /// other QPs (of any device), of QPs destroyed before, or already
+    /// reclaimed, end nothing: every QP numbers its requests from ranges no
+    /// other QP in the process ever uses, and only a `wr_id` this QP issued
+    /// and still holds is accepted. Works for
     /// flushed completions too (after the QP went to ERR), whose opcode the
     /// device leaves undefined: the `wr_id` says which queue it is.
     /// Allocates nothing.
@@ -822,30 +896,31 @@ impl QueuePair {
         let p = self.pending_mut();
         if id & RECV_BIT != 0 {
             let seq = id & !RECV_BIT;
-            match p.recv.front() {
-                Some(front) if front.seq == seq => {
-                    let s = p.recv.pop_front().expect("front exists");
-                    f(Completed {
-                        wr_id: s.wr_id,
-                        signaled: true,
-                        chunks: s.chunks,
-                    });
-                    1
-                }
-                _ => 0,
-            }
+            // Receives complete in order; search anyway, so that a skipped
+            // completion cannot strand the ones after it.
+            let Ok(pos) = p.recv.binary_search_by_key(&seq, |s| s.seq) else {
+                return 0;
+            };
+            let s = p.recv.remove(pos).expect("found");
+            f(Completed {
+                wr_id: s.wr_id,
+                signaled: true,
+                chunks: s.chunks,
+            });
+            1
         } else {
-            let mut n = 0;
-            while p.send.front().is_some_and(|s| s.seq <= id) {
-                let s = p.send.pop_front().expect("front exists");
+            // Only a wr_id this QP issued counts; it ends every send up to it.
+            let Ok(pos) = p.send.binary_search_by_key(&id, |s| s.seq) else {
+                return 0;
+            };
+            for s in p.send.drain(..=pos) {
                 f(Completed {
                     wr_id: s.wr_id,
                     signaled: s.seq == id,
                     chunks: s.chunks,
                 });
-                n += 1;
             }
-            n
+            pos + 1
         }
     }
 }
@@ -1044,5 +1119,35 @@ pub(crate) fn posted_count<T>(rc: c_int, bad: *mut T, wrs: &[T], n: usize) -> us
         // SAFETY: `bad` points into `wrs` (the provider names the first
         // request it did not take).
         (unsafe { bad.offset_from(wrs.as_ptr()) }).clamp(0, n as isize) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_fresh_and_increasing() {
+        let (a, b) = (fresh_range(), fresh_range());
+        assert!(b >= a + RANGE, "{a:#x} {b:#x}");
+        assert_eq!(a & RECV_BIT, 0);
+    }
+
+    #[test]
+    fn a_full_range_moves_to_a_fresh_one() {
+        let mut start = fresh_range();
+        let mut next = start;
+        assert_eq!(take_seqs(&mut next, &mut start, 4), next);
+        let old = start;
+        next = start + RANGE - 2;
+        let first = take_seqs(&mut next, &mut start, 4);
+        assert!(start > old && first == start, "moved to {start:#x}");
+        let mut next2 = start + RANGE - 4;
+        let mut start2 = start;
+        assert_eq!(
+            take_seqs(&mut next2, &mut start2, 4),
+            start + RANGE - 4,
+            "an exact fit stays"
+        );
     }
 }
