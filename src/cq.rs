@@ -329,7 +329,12 @@ bitflags::bitflags! {
 pub struct WorkCompletion(sys::ibv_wc);
 
 impl WorkCompletion {
-    /// The `wr_id` of the work request this completes.
+    /// The `wr_id` of the work request this completes, as the device saw it.
+    ///
+    /// For requests posted through the safe API this is the crate's own
+    /// number for the request; the caller's `wr_id` comes back in
+    /// [`Completed::wr_id`](crate::qp::Completed::wr_id) from
+    /// [`QueuePair::reclaim`](crate::QueuePair::reclaim).
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
     }

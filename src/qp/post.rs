@@ -877,7 +877,8 @@ impl QueuePair {
     }
 
     /// Hands back the requests that completion `wc` ends, calling `f` for
-    /// each; returns how many.
+    /// each; returns how many. For a QP that receives through an SRQ, its
+    /// receive completions are handed back from the SRQ.
     ///
     /// A receive completion ends its receive. A send completion ends its
     /// send and every unsignalled send posted before it. Completions of
@@ -892,6 +893,14 @@ impl QueuePair {
         if wc.qp_num() != self.qp_num() {
             return 0;
         }
+        let own = self.reclaim_own(wc, &mut f);
+        match self.srq() {
+            Some(srq) if own == 0 => srq.reclaim(wc, f),
+            _ => own,
+        }
+    }
+
+    fn reclaim_own(&mut self, wc: &WorkCompletion, f: &mut impl FnMut(Completed)) -> usize {
         let id = wc.wr_id();
         let p = self.pending_mut();
         if id & RECV_BIT != 0 {

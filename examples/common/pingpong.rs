@@ -1,0 +1,993 @@
+//! What the four pingpong examples share: command-line parsing in the manner
+//! of `getopt_long`, the TCP exchange of endpoint records (client and server
+//! roles), the printed lines, the PSN generator, buffer handling and the
+//! completion-polling loop of the single-QP programs.
+//!
+//! Each example includes this file with
+//! `#[path = "common/pingpong.rs"] mod pingpong;` and uses the parts it needs.
+#![allow(dead_code)]
+
+use std::fmt::Display;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdma_verbs::qp::{Endpoint, PostError, Psn, QKey, QpNum, RecvWr, SendOp, SendWr};
+use rdma_verbs::{
+    AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, Context, DeviceList,
+    Mtu, ProtectionDomain, QueuePair, WorkCompletion,
+};
+
+/// `wr_id` of receives, as in the C examples.
+pub const RECV_WRID: u64 = 1;
+/// `wr_id` of sends, as in the C examples.
+pub const SEND_WRID: u64 = 2;
+/// The Q_Key of `ibv_ud_pingpong`.
+pub const UD_QKEY: QKey = QKey(0x1111_1111);
+/// Bytes of GRH in front of every UD receive.
+pub const GRH_LEN: usize = 40;
+
+/// What the examples' fallible steps return: the message to print.
+pub type Res<T> = Result<T, String>;
+
+/// Adds the C program's message in front of a library error.
+pub trait OrFail<T> {
+    /// `Err(e)` becomes `Err("msg (e)")`.
+    fn or_fail(self, msg: &str) -> Res<T>;
+}
+
+impl<T, E: Display> OrFail<T> for Result<T, E> {
+    fn or_fail(self, msg: &str) -> Res<T> {
+        self.map_err(|e| format!("{msg} ({e})"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------
+
+/// One option, as in a `struct option` table plus the short option string.
+#[derive(Debug, Clone, Copy)]
+pub struct OptDef {
+    /// The short form (`-p`).
+    pub short: char,
+    /// The long form without dashes (`port`).
+    pub long: &'static str,
+    /// Whether it takes an argument.
+    pub has_arg: bool,
+}
+
+/// Shorthand for an [`OptDef`].
+pub const fn opt(short: char, long: &'static str, has_arg: bool) -> OptDef {
+    OptDef {
+        short,
+        long,
+        has_arg,
+    }
+}
+
+/// A program: its options, its usage text and its defaults.
+pub struct Program {
+    /// The options it accepts.
+    pub opts: &'static [OptDef],
+    /// The option lines of its usage text.
+    pub help: &'static [&'static str],
+    /// Default message size.
+    pub default_size: usize,
+}
+
+/// The settings every pingpong program understands.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The server to connect to; `None`: be the server.
+    pub servername: Option<String>,
+    /// TCP port (`-p`, default 18515).
+    pub port: u16,
+    /// Device name (`-d`; default: the first device).
+    pub ib_devname: Option<String>,
+    /// Device port (`-i`, default 1).
+    pub ib_port: u8,
+    /// Message size (`-s`).
+    pub size: usize,
+    /// Path MTU (`-m`, default 1024).
+    pub mtu: Mtu,
+    /// Receives posted at a time (`-r`, default 500).
+    pub rx_depth: usize,
+    /// Exchanges (`-n`, default 1000).
+    pub iters: u32,
+    /// Service level (`-l`, default 0).
+    pub sl: u8,
+    /// Sleep on CQ events (`-e`).
+    pub use_event: bool,
+    /// Local GID index (`-g`; `None` when not given or negative).
+    pub gidx: Option<u8>,
+    /// Validate received buffers (`-c`).
+    pub validate: bool,
+    /// Number of QPs (`-q`, srq_pingpong, default 16).
+    pub num_qp: usize,
+    /// Other flag options given (`-o`, `-t`, ...), each once, in order.
+    pub flags: Vec<char>,
+}
+
+/// The options found, in order, with their arguments, and the positional
+/// arguments.
+pub type ParsedArgs = (Vec<(char, Option<String>)>, Vec<String>);
+
+/// `getopt_long` with GNU argument permutation: options may come before or
+/// after the positional arguments; `-p 1`, `-p1`, `--port=1`, `--port 1`,
+/// grouped flags (`-ec`), unambiguous long-name prefixes and `--` work as
+/// there. Returns the options in order and the positional arguments.
+pub fn getopt_long(argv0: &str, args: &[String], defs: &[OptDef]) -> Result<ParsedArgs, String> {
+    let mut found = Vec::new();
+    let mut positional = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if arg == "--" {
+            positional.extend(args[i..].iter().cloned());
+            break;
+        }
+        if let Some(body) = arg.strip_prefix("--") {
+            let (name, value) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (body, None),
+            };
+            let def = find_long(argv0, defs, name)?;
+            if def.has_arg {
+                let value = match value {
+                    Some(v) => v,
+                    None if i < args.len() => {
+                        i += 1;
+                        args[i - 1].clone()
+                    }
+                    None => {
+                        return Err(format!(
+                            "{argv0}: option '--{}' requires an argument",
+                            def.long
+                        ))
+                    }
+                };
+                found.push((def.short, Some(value)));
+            } else if value.is_some() {
+                return Err(format!(
+                    "{argv0}: option '--{}' doesn't allow an argument",
+                    def.long
+                ));
+            } else {
+                found.push((def.short, None));
+            }
+        } else if arg.len() > 1 && arg.starts_with('-') {
+            let chars: Vec<char> = arg[1..].chars().collect();
+            let mut k = 0;
+            while k < chars.len() {
+                let c = chars[k];
+                k += 1;
+                let def = defs
+                    .iter()
+                    .find(|d| d.short == c)
+                    .ok_or_else(|| format!("{argv0}: invalid option -- '{c}'"))?;
+                if !def.has_arg {
+                    found.push((c, None));
+                    continue;
+                }
+                let rest: String = chars[k..].iter().collect();
+                let value = if !rest.is_empty() {
+                    rest
+                } else if i < args.len() {
+                    i += 1;
+                    args[i - 1].clone()
+                } else {
+                    return Err(format!("{argv0}: option requires an argument -- '{c}'"));
+                };
+                found.push((c, Some(value)));
+                break;
+            }
+        } else {
+            positional.push(arg.clone());
+        }
+    }
+    Ok((found, positional))
+}
+
+fn find_long<'a>(argv0: &str, defs: &'a [OptDef], name: &str) -> Result<&'a OptDef, String> {
+    if let Some(d) = defs.iter().find(|d| !d.long.is_empty() && d.long == name) {
+        return Ok(d);
+    }
+    let candidates: Vec<&OptDef> = defs
+        .iter()
+        .filter(|d| !name.is_empty() && d.long.starts_with(name))
+        .collect();
+    match candidates.as_slice() {
+        [one] => Ok(one),
+        [] => Err(format!("{argv0}: unrecognized option '--{name}'")),
+        many => Err(format!(
+            "{argv0}: option '--{name}' is ambiguous; possibilities:{}",
+            many.iter()
+                .map(|d| format!(" '--{}'", d.long))
+                .collect::<String>()
+        )),
+    }
+}
+
+/// A number as `strtol(s, NULL, 0)` reads it (`0x` hex, leading `0` octal,
+/// else decimal; leading blanks and a sign allowed), except that text that is
+/// not entirely a number is refused rather than read as far as it goes.
+pub fn parse_c_int(s: &str) -> Option<i64> {
+    let t = s.trim_start();
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let (radix, digits) = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        (16, h)
+    } else if t.len() > 1 && t.starts_with('0') {
+        (8, &t[1..])
+    } else {
+        (10, t)
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let v = i64::from_str_radix(digits, radix).ok()?;
+    Some(if neg { -v } else { v })
+}
+
+/// `pp_mtu_to_enum`: 256, 512, 1024, 2048 or 4096 bytes.
+pub fn mtu_from_bytes(bytes: i64) -> Option<Mtu> {
+    u32::try_from(bytes).ok().and_then(Mtu::from_bytes)
+}
+
+fn usage(argv0: &str, prog: &Program) {
+    println!("Usage:");
+    println!("  {argv0}            start a server and wait for connection");
+    println!("  {argv0} <host>     connect to server at <host>");
+    println!();
+    println!("Options:");
+    for line in prog.help {
+        println!("{line}");
+    }
+}
+
+/// Parses the command line for `prog`. On a usage error it prints what
+/// getopt would and the usage text, and gives the exit code (1) to return.
+pub fn parse_args(prog: &Program) -> Result<Config, ExitCode> {
+    let mut argv = std::env::args();
+    let argv0 = argv.next().unwrap_or_else(|| "pingpong".into());
+    let args: Vec<String> = argv.collect();
+    match parse_config(&argv0, &args, prog) {
+        Ok(cfg) => Ok(cfg),
+        Err(msg) => {
+            if !msg.is_empty() {
+                eprintln!("{msg}");
+            }
+            usage(&argv0, prog);
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The options of `args` as settings; `Err(message)` means print the
+/// message (if any) and the usage text.
+pub fn parse_config(argv0: &str, args: &[String], prog: &Program) -> Result<Config, String> {
+    let (found, positional) = getopt_long(argv0, args, prog.opts)?;
+    let mut cfg = Config {
+        servername: None,
+        port: 18515,
+        ib_devname: None,
+        ib_port: 1,
+        size: prog.default_size,
+        mtu: Mtu::Mtu1024,
+        rx_depth: 500,
+        iters: 1000,
+        sl: 0,
+        use_event: false,
+        gidx: None,
+        validate: false,
+        num_qp: 16,
+        flags: Vec::new(),
+    };
+    for (c, value) in found {
+        let v = value.as_deref().unwrap_or("");
+        let num =
+            || parse_c_int(v).ok_or_else(|| format!("{argv0}: invalid number '{v}' for -{c}"));
+        let unsigned = |max: i64| -> Result<i64, String> {
+            match num()? {
+                n if (0..=max).contains(&n) => Ok(n),
+                n => Err(format!("{argv0}: -{c} {n} is out of range 0..={max}")),
+            }
+        };
+        match c {
+            'p' => cfg.port = unsigned(65535)? as u16,
+            'd' => cfg.ib_devname = Some(v.to_owned()),
+            'i' => match num()? {
+                n @ 1..=255 => cfg.ib_port = n as u8,
+                _ => return Err(String::new()),
+            },
+            's' => cfg.size = unsigned(i64::from(u32::MAX))? as usize,
+            'm' => cfg.mtu = mtu_from_bytes(num()?).ok_or_else(String::new)?,
+            'r' => cfg.rx_depth = unsigned(i64::from(u32::MAX))? as usize,
+            'n' => cfg.iters = unsigned(i64::from(i32::MAX))? as u32,
+            'l' => cfg.sl = unsigned(255)? as u8,
+            'e' => cfg.use_event = true,
+            'g' => {
+                cfg.gidx = match num()? {
+                    n if n < 0 => None,
+                    n => Some(
+                        u8::try_from(n)
+                            .map_err(|_| format!("{argv0}: GID index {n} is above 255"))?,
+                    ),
+                }
+            }
+            'c' => cfg.validate = true,
+            'q' => cfg.num_qp = unsigned(i64::from(u32::MAX))? as usize,
+            other => {
+                if !cfg.flags.contains(&other) {
+                    cfg.flags.push(other)
+                }
+            }
+        }
+    }
+    match positional.as_slice() {
+        [] => {}
+        [host] => cfg.servername = Some(host.clone()),
+        _ => return Err(String::new()),
+    }
+    Ok(cfg)
+}
+
+/// The message for an option of the C program that this port cannot run:
+/// `PROG: option -o/--odp (on-demand paging) is not available in this Rust
+/// port: <what rdma-verbs lacks>`.
+pub fn unsupported(prog: &str, flag: char) -> String {
+    let (option, reason) = match flag {
+        'o' => (
+            "-o/--odp (on-demand paging)",
+            "rdma-verbs cannot query ODP capabilities (odp_caps of ibv_query_device_ex) yet",
+        ),
+        'O' => (
+            "-O/--iodp (implicit on-demand paging)",
+            "rdma-verbs cannot register the whole address space (ibv_reg_mr(pd, NULL, SIZE_MAX, ...))",
+        ),
+        'P' => (
+            "-P/--prefetch (prefetch an ODP MR)",
+            "rdma-verbs has no ibv_advise_mr",
+        ),
+        't' => (
+            "-t/--ts (completion timestamps)",
+            "rdma-verbs has no extended CQ (ibv_create_cq_ex, ibv_wc_read_completion_ts)",
+        ),
+        'j' => (
+            "-j/--dm (device memory)",
+            "rdma-verbs has no device memory (ibv_alloc_dm, ibv_reg_dm_mr, ibv_memcpy_to_dm)",
+        ),
+        'N' => (
+            "-N/--new_send (new post send API)",
+            "rdma-verbs has no ibv_create_qp_ex / ibv_wr_* send path",
+        ),
+        'U' => ("-U", "it is not implemented"),
+        _ => ("this option", "it is not implemented"),
+    };
+    format!("{prog}: option {option} is not available in this Rust port: {reason}")
+}
+
+/// Runs `body` on the parsed command line; prints its error and exits 1 on
+/// failure, as the C programs do.
+pub fn main_with(prog: &Program, body: fn(Config) -> Res<()>) -> ExitCode {
+    let cfg = match parse_args(prog) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match body(cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("{msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Randomness, page size
+// ---------------------------------------------------------------------------
+
+/// The `drand48` family's generator, seeded as the C examples seed it
+/// (`srand48(getpid() * time(NULL))`), so PSNs are `lrand48() & 0xffffff`.
+pub struct Rand48(u64);
+
+impl Rand48 {
+    const MASK: u64 = (1 << 48) - 1;
+
+    /// Seeded with the process id times the current time.
+    pub fn from_pid_and_time() -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self::seeded(u64::from(std::process::id()).wrapping_mul(now))
+    }
+
+    /// `srand48(seed)`: the low 32 bits of the seed, then 0x330e.
+    pub fn seeded(seed: u64) -> Self {
+        Rand48(((seed & 0xffff_ffff) << 16) | 0x330e)
+    }
+
+    /// `lrand48()`: 31 random bits.
+    pub fn lrand48(&mut self) -> u32 {
+        self.0 = 0x5_DEEC_E66D_u64.wrapping_mul(self.0).wrapping_add(0xb) & Self::MASK;
+        (self.0 >> 17) as u32
+    }
+
+    /// A first PSN, `lrand48() & 0xffffff`.
+    pub fn psn(&mut self) -> Psn {
+        Psn::truncate(self.lrand48())
+    }
+}
+
+/// The system page size (`AT_PAGESZ` from the auxiliary vector; 4096 if
+/// it cannot be read).
+pub fn page_size() -> usize {
+    const AT_PAGESZ: usize = 6;
+    let word = std::mem::size_of::<usize>();
+    if let Ok(aux) = std::fs::read("/proc/self/auxv") {
+        for pair in aux.chunks_exact(2 * word) {
+            let get = |b: &[u8]| {
+                let mut a = [0u8; 8];
+                a[..word].copy_from_slice(b);
+                u64::from_ne_bytes(a) as usize
+            };
+            let (key, value) = (get(&pair[..word]), get(&pair[word..]));
+            if key == AT_PAGESZ && value > 0 {
+                return value;
+            }
+            if key == 0 {
+                break;
+            }
+        }
+    }
+    4096
+}
+
+// ---------------------------------------------------------------------------
+// Device setup
+// ---------------------------------------------------------------------------
+
+/// Opens the device named `-d`, or the first one, with the C messages.
+pub fn open_device(name: Option<&str>) -> Res<Context> {
+    let list = DeviceList::new().or_fail("Failed to get IB devices list")?;
+    let dev = match name {
+        None => list.get(0).ok_or("No IB devices found")?,
+        Some(n) => list
+            .iter()
+            .find(|d| d.name() == n)
+            .ok_or_else(|| format!("IB device {n} not found"))?,
+    };
+    dev.open()
+        .or_fail(&format!("Couldn't get context for {}", dev.name()))
+}
+
+/// A completion channel when `-e` was given.
+pub fn create_channel(ctx: &Context, use_event: bool) -> Res<Option<CompletionChannel>> {
+    if !use_event {
+        return Ok(None);
+    }
+    CompletionChannel::new(ctx)
+        .map(Some)
+        .or_fail("Couldn't create completion channel")
+}
+
+/// A CQ of `cqe` entries, on the channel if there is one.
+pub fn create_cq(
+    ctx: &Context,
+    cqe: usize,
+    channel: Option<&CompletionChannel>,
+) -> Res<CompletionQueue> {
+    let cqe = u32::try_from(cqe).map_err(|_| "Couldn't create CQ (too many entries)")?;
+    match channel {
+        Some(ch) => ctx.create_cq_with_channel(cqe, ch, 0),
+        None => ctx.create_cq(cqe),
+    }
+    .or_fail("Couldn't create CQ")
+}
+
+/// `count` registered chunks of `len` bytes, each filled with `fill`.
+pub fn alloc_buffers(pd: &ProtectionDomain, count: usize, len: usize, fill: u8) -> Res<Vec<Chunk>> {
+    if len == 0 {
+        return Err("Couldn't allocate work buf (size 0)".into());
+    }
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut chunks = pd
+        .alloc_chunks(count, len, AccessFlags::LOCAL_WRITE)
+        .or_fail("Couldn't register MR")?;
+    for c in &mut chunks {
+        c.as_mut_slice().fill(fill);
+    }
+    Ok(chunks)
+}
+
+// ---------------------------------------------------------------------------
+// The TCP exchange
+// ---------------------------------------------------------------------------
+
+/// "done" with its NUL: what the client sends after reading the server's records.
+const DONE: &[u8; 5] = b"done\0";
+
+fn parse_record(msg: &[u8]) -> Res<Endpoint> {
+    Endpoint::from_wire(msg).or_fail("Couldn't parse remote address")
+}
+
+/// The client side: connect to `host:port`, send our records, read as many
+/// of the server's, send "done".
+pub fn client_exch_dest(host: &str, port: u16, mine: &[Endpoint]) -> Res<Vec<Endpoint>> {
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{e} for {host}:{port}"))?;
+    let mut sock = addrs
+        .into_iter()
+        .find_map(|a| TcpStream::connect(a).ok())
+        .ok_or_else(|| format!("Couldn't connect to {host}:{port}"))?;
+    for ep in mine {
+        sock.write_all(&ep.to_wire())
+            .or_fail("Couldn't send local address")?;
+    }
+    let mut remote = Vec::with_capacity(mine.len());
+    for i in 0..mine.len() {
+        let mut msg = [0u8; Endpoint::WIRE_LEN];
+        sock.read_exact(&mut msg)
+            .map_err(|e| format!("client read: {e}\nCouldn't read/write remote address [{i}]"))?;
+        remote.push(parse_record(&msg)?);
+    }
+    sock.write_all(DONE)
+        .map_err(|e| format!("client write: {e}\nCouldn't read/write remote address"))?;
+    Ok(remote)
+}
+
+/// The server side: wait for one client on `port`, read its records, run
+/// `connect` on them (RTR and RTS, before answering, as the C servers do),
+/// send our records, wait for "done".
+pub fn server_exch_dest(
+    port: u16,
+    mine: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Res<()>,
+) -> Res<Vec<Endpoint>> {
+    // Like getaddrinfo(NULL, port, AI_PASSIVE): IPv4 first, then IPv6.
+    let listener = TcpListener::bind(("0.0.0.0", port))
+        .or_else(|_| TcpListener::bind(("::", port)))
+        .map_err(|e| format!("Couldn't listen to port {port} ({e})"))?;
+    let (mut sock, _) = listener.accept().or_fail("accept() failed")?;
+    drop(listener);
+    let mut remote = Vec::with_capacity(mine.len());
+    for i in 0..mine.len() {
+        let mut msg = [0u8; Endpoint::WIRE_LEN];
+        sock.read_exact(&mut msg).map_err(|e| {
+            format!(
+                "server read: {e}\nCouldn't read remote address [{i}] ({} bytes expected)",
+                Endpoint::WIRE_LEN
+            )
+        })?;
+        remote.push(parse_record(&msg)?);
+    }
+    connect(&remote).map_err(|e| format!("{e}\nCouldn't connect to remote QP"))?;
+    for ep in mine {
+        sock.write_all(&ep.to_wire())
+            .or_fail("Couldn't send local address")?;
+    }
+    let mut done = [0u8; DONE.len()];
+    sock.read_exact(&mut done)
+        .or_fail("Couldn't send/recv local address")?;
+    Ok(remote)
+}
+
+// ---------------------------------------------------------------------------
+// Printing
+// ---------------------------------------------------------------------------
+
+/// `  local address:  LID 0x..., QPN 0x..., PSN 0x..., GID ...`; `sep` is
+/// what stands before "GID" (`", "`, or `": "` in ibv_ud_pingpong).
+pub fn print_local(ep: &Endpoint, sep: &str) {
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep}GID {}",
+        ep.lid,
+        ep.qpn.get(),
+        ep.psn.get(),
+        ep.gid
+    );
+}
+
+/// `  remote address: LID 0x..., QPN 0x..., PSN 0x..., GID ...`.
+pub fn print_remote(ep: &Endpoint) {
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        ep.lid,
+        ep.qpn.get(),
+        ep.psn.get(),
+        ep.gid
+    );
+}
+
+/// The two result lines, computed as the C programs compute them (a
+/// `float` count of microseconds).
+pub fn print_results(size: usize, iters: u32, elapsed: Duration) {
+    let usec = elapsed.as_micros() as f32;
+    let bytes = size as i64 * i64::from(iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        f64::from(usec) / 1_000_000.,
+        bytes as f64 * 8. / f64::from(usec)
+    );
+    println!(
+        "{iters} iters in {:.2} seconds = {:.2} usec/iter",
+        f64::from(usec) / 1_000_000.,
+        f64::from(usec / iters as f32)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Buffer contents (-c)
+// ---------------------------------------------------------------------------
+
+/// The `-c` check. The C programs send and receive through one buffer, so a
+/// peer sends back what it last received; with `-c` this keeps that echo
+/// (the client's pattern travels back and forth) and checks, at the end,
+/// the last message received: the first byte of every page must be 0.
+pub struct Checker {
+    on: bool,
+    page: usize,
+    echo: Option<Vec<u8>>,
+    last_bad: Vec<usize>,
+}
+
+impl Checker {
+    /// A checker, active when `on` (`-c`).
+    pub fn new(on: bool) -> Self {
+        Checker {
+            on,
+            page: page_size(),
+            echo: None,
+            last_bad: Vec::new(),
+        }
+    }
+
+    /// The client's pattern: the first byte of each page set to 0.
+    pub fn stamp(&self, payload: &mut [u8]) {
+        if self.on {
+            for b in payload.iter_mut().step_by(self.page) {
+                *b = 0;
+            }
+        }
+    }
+
+    /// Notes a received payload: what to send back, and which pages are bad.
+    pub fn received(&mut self, payload: &[u8]) {
+        if !self.on {
+            return;
+        }
+        self.last_bad = (0..payload.len())
+            .step_by(self.page)
+            .filter(|&i| payload[i] != 0)
+            .map(|i| i / self.page)
+            .collect();
+        match &mut self.echo {
+            Some(e) => e.copy_from_slice(payload),
+            None => self.echo = Some(payload.to_vec()),
+        }
+    }
+
+    /// Puts the last received payload into an outgoing one.
+    pub fn fill(&self, payload: &mut [u8]) {
+        if let (true, Some(e)) = (self.on, &self.echo) {
+            payload.copy_from_slice(e);
+        }
+    }
+
+    /// The server's final check: `invalid data in page N` for each bad page.
+    pub fn report(&self) {
+        if self.on {
+            for p in &self.last_bad {
+                println!("invalid data in page {p}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Posting and polling
+// ---------------------------------------------------------------------------
+
+/// Posts up to `n` receives with chunks from `pool` through `post`
+/// (a QP's or an SRQ's `post_recv`); returns how many were posted, like the
+/// C `pp_post_recv`. Chunks of receives not posted go back to the pool.
+pub fn post_recvs(
+    pool: &mut Vec<Chunk>,
+    n: usize,
+    post: impl FnOnce(Vec<RecvWr>) -> Result<(), PostError>,
+) -> usize {
+    let n = n.min(pool.len());
+    if n == 0 {
+        return 0;
+    }
+    let wrs: Vec<RecvWr> = pool
+        .drain(pool.len() - n..)
+        .map(|c| RecvWr::new(RECV_WRID).sge(c))
+        .collect();
+    match post(wrs) {
+        Ok(()) => n,
+        Err(e) => {
+            pool.extend(e.returned);
+            e.posted
+        }
+    }
+}
+
+/// Where a UD send goes.
+pub struct UdDest {
+    /// The address handle.
+    pub ah: AddressHandle,
+    /// The remote QP number.
+    pub qpn: QpNum,
+}
+
+/// `pp_post_send`: one signalled SEND of `size` bytes from `buf` (inline when
+/// the QP can take it), to `ud` on a UD QP. The chunk comes back with the
+/// send's completion (or stays in `buf` for inline sends).
+pub fn post_send(
+    qp: &mut QueuePair,
+    buf: &mut Option<Chunk>,
+    size: usize,
+    inline: bool,
+    ud: Option<&UdDest>,
+    check: &Checker,
+) -> Res<()> {
+    let mut chunk = buf
+        .take()
+        .ok_or("Couldn't post send (the send buffer is still in use)")?;
+    check.fill(&mut chunk.as_mut_slice()[..size]);
+    fn dest<'a>(wr: SendWr<'a>, ud: Option<&UdDest>) -> SendWr<'a> {
+        match ud {
+            Some(d) => wr.ud(&d.ah, d.qpn, UD_QKEY),
+            None => wr,
+        }
+    }
+    if inline {
+        let wr = SendWr::new(SEND_WRID, SendOp::Send).inline(&chunk.as_slice()[..size]);
+        let res = qp.post_send([dest(wr, ud)]);
+        *buf = Some(chunk);
+        return res.or_fail("Couldn't post send");
+    }
+    let wr = SendWr::new(SEND_WRID, SendOp::Send).sge_len(chunk, size);
+    qp.post_send([dest(wr, ud)]).map_err(|mut e| {
+        *buf = e.returned.pop();
+        format!("Couldn't post send ({})", e.error)
+    })
+}
+
+/// Waits for completions as the C loop does: with a channel, one event (the
+/// CQ is re-armed) and one poll, which may find nothing; without, polls
+/// until something is there.
+pub fn next_completions<'a>(
+    cq: &CompletionQueue,
+    channel: Option<&CompletionChannel>,
+    wcs: &'a mut [WorkCompletion],
+) -> Res<&'a [WorkCompletion]> {
+    if let Some(ch) = channel {
+        let event = ch.get_event().or_fail("Failed to get cq_event")?;
+        if !event.is_for(cq) {
+            return Err("CQ event for unknown CQ".into());
+        }
+        cq.req_notify(false)
+            .or_fail("Couldn't request CQ notification")?;
+        let n = cq.poll(wcs).or_fail("poll CQ failed")?.len();
+        return Ok(&wcs[..n]);
+    }
+    loop {
+        let n = cq.poll(&mut *wcs).or_fail("poll CQ failed")?.len();
+        if n > 0 {
+            return Ok(&wcs[..n]);
+        }
+    }
+}
+
+/// The request a completion ends, and its buffer: `(wr_id, chunk)`, with
+/// `wr_id` 0 when the completion is not one of `qp`'s outstanding requests.
+pub fn reclaim(qp: &mut QueuePair, wc: &WorkCompletion) -> (u64, Option<Chunk>) {
+    let mut out = (0, None);
+    qp.reclaim(wc, |done| {
+        if done.signaled {
+            out.0 = done.wr_id;
+            out.1 = done.into_chunk();
+        }
+    });
+    out
+}
+
+/// `Err` with the C message for a failed completion.
+pub fn check_status(wc: &WorkCompletion, wr_id: u64) -> Res<()> {
+    if wc.is_success() {
+        return Ok(());
+    }
+    let (name, raw) = match wc.status() {
+        Ok(s) => (s.c_name().to_owned(), s.as_raw()),
+        Err(raw) => ("unknown status".to_owned(), raw),
+    };
+    Err(format!(
+        "Failed status {name} ({raw}) for wr_id {wr_id} (vendor error 0x{:x})",
+        wc.vendor_err()
+    ))
+}
+
+/// One QP pinging the peer: what `ibv_rc_pingpong`, `ibv_uc_pingpong` and
+/// `ibv_ud_pingpong` run once connected.
+pub struct SingleQp {
+    /// The QP.
+    pub qp: QueuePair,
+    /// Its CQ (sends and receives).
+    pub cq: CompletionQueue,
+    /// The completion channel with `-e`.
+    pub channel: Option<CompletionChannel>,
+    /// Receive buffers not posted.
+    pub recv_pool: Vec<Chunk>,
+    /// Receives outstanding (`routs`).
+    pub routs: usize,
+    /// The send buffer while no send is outstanding.
+    pub send_buf: Option<Chunk>,
+    /// Message size.
+    pub size: usize,
+    /// Receives to keep posted.
+    pub rx_depth: usize,
+    /// Send inline (the QP's `max_inline_data` covers `size`).
+    pub inline: bool,
+    /// Where the payload starts in a receive buffer (40 on UD, after the GRH).
+    pub recv_offset: usize,
+    /// The destination of UD sends.
+    pub ud: Option<UdDest>,
+    /// The `-c` check.
+    pub check: Checker,
+}
+
+impl SingleQp {
+    /// `pp_post_recv(ctx, n)`.
+    pub fn post_recvs(&mut self, n: usize) -> usize {
+        let qp = &mut self.qp;
+        post_recvs(&mut self.recv_pool, n, |wrs| qp.post_recv(wrs))
+    }
+
+    /// Posts the initial `rx_depth` receives.
+    pub fn post_initial_recvs(&mut self) -> Res<()> {
+        self.routs = self.post_recvs(self.rx_depth);
+        if self.routs < self.rx_depth {
+            return Err(format!("Couldn't post receive ({})", self.routs));
+        }
+        Ok(())
+    }
+
+    /// `pp_post_send(ctx)`.
+    pub fn post_send(&mut self) -> Res<()> {
+        post_send(
+            &mut self.qp,
+            &mut self.send_buf,
+            self.size,
+            self.inline,
+            self.ud.as_ref(),
+            &self.check,
+        )
+    }
+
+    /// The ping-pong loop: the client sends first; each side sends again
+    /// once its previous send and a receive have completed, until `iters`
+    /// of each. Returns the time it took.
+    pub fn run(&mut self, iters: u32, client: bool) -> Res<Duration> {
+        let mut pending = RECV_WRID;
+        if client {
+            if let Some(b) = self.send_buf.as_mut() {
+                self.check.stamp(&mut b.as_mut_slice()[..self.size]);
+            }
+            self.post_send()?;
+            pending |= SEND_WRID;
+        }
+        let start = Instant::now();
+        let mut wcs = [WorkCompletion::default(); 2];
+        let (mut rcnt, mut scnt) = (0u32, 0u32);
+        while rcnt < iters || scnt < iters {
+            let got = next_completions(&self.cq, self.channel.as_ref(), &mut wcs)?;
+            for wc in got {
+                let (wr_id, chunk) = reclaim(&mut self.qp, wc);
+                check_status(wc, wr_id)?;
+                match wr_id {
+                    SEND_WRID => {
+                        scnt += 1;
+                        if chunk.is_some() {
+                            self.send_buf = chunk;
+                        }
+                    }
+                    RECV_WRID => {
+                        let c = chunk.ok_or("receive completion without its buffer")?;
+                        let off = self.recv_offset;
+                        self.check.received(&c.as_slice()[off..off + self.size]);
+                        self.recv_pool.push(c);
+                        self.routs -= 1;
+                        if self.routs <= 1 {
+                            self.routs += self.post_recvs(self.rx_depth - self.routs);
+                            if self.routs < self.rx_depth {
+                                return Err(format!("Couldn't post receive ({})", self.routs));
+                            }
+                        }
+                        rcnt += 1;
+                    }
+                    other => return Err(format!("Completion for unknown wr_id {other}")),
+                }
+                pending &= !wr_id;
+                if scnt < iters && pending == 0 {
+                    self.post_send()?;
+                    pending = RECV_WRID | SEND_WRID;
+                }
+            }
+        }
+        Ok(start.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFS: &[OptDef] = &[
+        opt('p', "port", true),
+        opt('e', "events", false),
+        opt('g', "gid-idx", true),
+        opt('c', "chk", false),
+        opt('i', "ib-port", true),
+        opt('d', "ib-dev", true),
+    ];
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn getopt_forms() {
+        for form in [
+            &["-p", "7"][..],
+            &["-p7"],
+            &["--port=7"],
+            &["--port", "7"],
+            &["--po", "7"],
+        ] {
+            let (o, p) = getopt_long("x", &args(form), DEFS).unwrap();
+            assert_eq!(o, vec![('p', Some("7".into()))], "{form:?}");
+            assert!(p.is_empty());
+        }
+        let (o, p) = getopt_long("x", &args(&["host", "-ecg1", "--", "-e"]), DEFS).unwrap();
+        assert_eq!(o, vec![('e', None), ('c', None), ('g', Some("1".into()))]);
+        assert_eq!(p, args(&["host", "-e"]));
+        assert!(getopt_long("x", &args(&["-h"]), DEFS).is_err());
+        assert!(getopt_long("x", &args(&["-p"]), DEFS).is_err());
+        assert!(getopt_long("x", &args(&["--events=1"]), DEFS).is_err());
+        assert!(getopt_long("x", &args(&["--ib"]), DEFS)
+            .unwrap_err()
+            .contains("ambiguous"));
+    }
+
+    #[test]
+    fn c_numbers() {
+        assert_eq!(parse_c_int("18515"), Some(18515));
+        assert_eq!(parse_c_int("0x10"), Some(16));
+        assert_eq!(parse_c_int("010"), Some(8));
+        assert_eq!(parse_c_int("0"), Some(0));
+        assert_eq!(parse_c_int("-1"), Some(-1));
+        assert_eq!(parse_c_int("1k"), None);
+    }
+
+    #[test]
+    fn lrand48_matches_glibc() {
+        // srand48(1); lrand48() x3 with glibc.
+        let mut r = Rand48::seeded(1);
+        assert_eq!(
+            [r.lrand48(), r.lrand48(), r.lrand48()],
+            [89_400_484, 976_015_093, 1_792_756_325]
+        );
+    }
+}

@@ -1,0 +1,307 @@
+//! A port of rdma-core's `ibv_srq_pingpong`: ping-pong SENDs over several RC
+//! queue pairs (16 by default) that all receive through one shared receive
+//! queue. It speaks the C program's TCP exchange (256 endpoint records each
+//! way, unused ones zero), so either side can be the C program.
+//!
+//! ```text
+//! srq_pingpong [OPTIONS]          start a server and wait for a connection
+//! srq_pingpong [OPTIONS] <host>   connect to the server at <host>
+//!
+//!   -p, --port=<port>      listen on/connect to TCP port <port> (default 18515)
+//!   -d, --ib-dev=<dev>     use IB device <dev> (default first device found)
+//!   -i, --ib-port=<port>   use port <port> of the IB device (default 1)
+//!   -s, --size=<size>      size of message to exchange (default 4096)
+//!   -m, --mtu=<size>       path MTU (default 1024)
+//!   -q, --num-qp=<num>     number of QPs to use (default 16, at most 255)
+//!   -r, --rx-depth=<dep>   number of receives to post at a time (default 500)
+//!   -n, --iters=<iters>    number of exchanges (counted over all QPs, as in C; default 1000)
+//!   -l, --sl=<sl>          service level value
+//!   -e, --events           sleep on CQ events (default poll)
+//!   -g, --gid-idx=<idx>    local port GID index (needed on RoCE)
+//!   -o, --odp              accepted, but not available in this port
+//!   -c, --chk              validate received buffer
+//! ```
+//!
+//! On soft-RoCE: `cargo run --example srq_pingpong -- -d rxe0 -g 1` on one
+//! side and `... -d rxe0 -g 1 127.0.0.1` on the other.
+
+#![forbid(unsafe_code)]
+
+#[path = "common/pingpong.rs"]
+mod pingpong;
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use pingpong::{opt, Checker, Config, OrFail, Program, Res, RECV_WRID, SEND_WRID};
+use rdma_verbs::qp::{
+    AckTimeout, AddressVector, Endpoint, GlobalRoute, MinRnrTimer, Psn, QpAttr, QpNum, RetryCount,
+    RnrRetry,
+};
+use rdma_verbs::{
+    AccessFlags, Chunk, Gid, LinkLayer, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
+    SharedReceiveQueue, WorkCompletion,
+};
+
+/// Records exchanged each way, whatever `-q` says (as in C).
+const MAX_QP: usize = 256;
+
+const PROGRAM: Program = Program {
+    opts: &[
+        opt('p', "port", true),
+        opt('d', "ib-dev", true),
+        opt('i', "ib-port", true),
+        opt('s', "size", true),
+        opt('m', "mtu", true),
+        opt('q', "num-qp", true),
+        opt('r', "rx-depth", true),
+        opt('n', "iters", true),
+        opt('l', "sl", true),
+        opt('e', "events", false),
+        opt('o', "odp", false),
+        opt('g', "gid-idx", true),
+        opt('c', "chk", false),
+    ],
+    help: &[
+        "  -p, --port=<port>      listen on/connect to port <port> (default 18515)",
+        "  -d, --ib-dev=<dev>     use IB device <dev> (default first device found)",
+        "  -i, --ib-port=<port>   use port <port> of IB device (default 1)",
+        "  -s, --size=<size>      size of message to exchange (default 4096)",
+        "  -m, --mtu=<size>       path MTU (default 1024)",
+        "  -q, --num-qp=<num>     number of QPs to use (default 16)",
+        "  -r, --rx-depth=<dep>   number of receives to post at a time (default 500)",
+        "  -n, --iters=<iters>    number of exchanges per QP(default 1000)",
+        "  -l, --sl=<sl>          service level value",
+        "  -e, --events           sleep on CQ events (default poll)",
+        "  -g, --gid-idx=<gid index> local port gid index",
+        "  -o, --odp              use on demand paging (not available in this port)",
+        "  -c, --chk              validate received buffer",
+    ],
+    default_size: 4096,
+};
+
+fn main() -> ExitCode {
+    pingpong::main_with(&PROGRAM, run)
+}
+
+/// `pp_connect_ctx`: every QP to RTR and RTS against the peer's QP of the
+/// same index. As in C, whether to use a GRH (and to which GID) is decided
+/// by the peer's first record.
+fn connect(qps: &mut [QueuePair], cfg: &Config, me: &[Endpoint], dest: &[Endpoint]) -> Res<()> {
+    for (i, qp) in qps.iter_mut().enumerate() {
+        let rtr_fail = format!("Failed to modify QP[{i}] to RTR");
+        let mut av = AddressVector::new(cfg.ib_port)
+            .dlid(dest[i].lid)
+            .sl(cfg.sl)
+            .or_fail(&rtr_fail)?;
+        if dest[0].gid.interface_id() != 0 {
+            let sgid = cfg.gidx.ok_or_else(|| {
+                format!("{rtr_fail} (the peer sent a GID but no local GID index was given: use -g)")
+            })?;
+            av = av.global(GlobalRoute::new(dest[0].gid, sgid).hop_limit(1));
+        }
+        let rtr = QpAttr::new()
+            .state(QpState::Rtr)
+            .av(av)
+            .path_mtu(cfg.mtu)
+            .dest_qpn(dest[i].qpn)
+            .rq_psn(dest[i].psn)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(MinRnrTimer::new(12).or_fail("min_rnr_timer")?);
+        qp.modify(&rtr).or_fail(&rtr_fail)?;
+        let rts = QpAttr::new()
+            .state(QpState::Rts)
+            .timeout(AckTimeout::new(14).or_fail("timeout")?)
+            .retry_cnt(RetryCount::new(7).or_fail("retry_cnt")?)
+            .rnr_retry(RnrRetry::new(7).or_fail("rnr_retry")?)
+            .sq_psn(me[i].psn)
+            .max_rd_atomic(1);
+        qp.modify(&rts)
+            .or_fail(&format!("Failed to modify QP[{i}] to RTS"))?;
+    }
+    Ok(())
+}
+
+/// `pp_post_recv(ctx, n)` on the SRQ.
+fn post_recvs(srq: &SharedReceiveQueue, pool: &mut Vec<Chunk>, n: usize) -> usize {
+    pingpong::post_recvs(pool, n, |wrs| srq.post_recv(wrs))
+}
+
+fn run(cfg: Config) -> Res<()> {
+    if let Some(&f) = cfg.flags.first() {
+        return Err(pingpong::unsupported("srq_pingpong", f));
+    }
+    let (num_qp, rx_depth, size) = (cfg.num_qp, cfg.rx_depth, cfg.size);
+    if size < 1 {
+        return Err("size must be at least 1".into());
+    }
+    if num_qp > rx_depth {
+        return Err(format!(
+            "rx_depth {rx_depth} is too small for {num_qp} QPs -- must have at least one receive per QP."
+        ));
+    }
+    if num_qp >= MAX_QP {
+        return Err(format!("num_qp {num_qp} must be less than {}", MAX_QP - 1));
+    }
+    let num_wc = num_qp + rx_depth;
+    let mut rng = pingpong::Rand48::from_pid_and_time();
+
+    // pp_init_ctx
+    let ctx = pingpong::open_device(cfg.ib_devname.as_deref())?;
+    let channel = pingpong::create_channel(&ctx, cfg.use_event)?;
+    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let mut recv_pool = pingpong::alloc_buffers(&pd, rx_depth, size, 0)?;
+    let mut send_bufs: Vec<Option<Chunk>> = pingpong::alloc_buffers(&pd, num_qp, size, 0)?
+        .into_iter()
+        .map(Some)
+        .collect();
+    let cq = pingpong::create_cq(&ctx, rx_depth + num_qp, channel.as_ref())?;
+    let srq = pd
+        .create_srq(rx_depth as u32, 1, 0)
+        .or_fail("Couldn't create SRQ")?;
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let mut qps = Vec::with_capacity(num_qp);
+    let mut inline = false;
+    for i in 0..num_qp {
+        let qp = pd
+            .create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq).caps(caps))
+            .or_fail(&format!("Couldn't create QP[{i}]"))?;
+        inline |= qp.caps().max_inline_data as usize >= size;
+        qps.push(qp);
+    }
+    for (i, qp) in qps.iter_mut().enumerate() {
+        qp.modify(
+            &QpAttr::new()
+                .state(QpState::Init)
+                .pkey_index(0)
+                .port(cfg.ib_port)
+                .access_flags(AccessFlags::empty()),
+        )
+        .or_fail(&format!("Failed to modify QP[{i}] to INIT"))?;
+    }
+
+    let mut routs = post_recvs(&srq, &mut recv_pool, rx_depth);
+    if routs < rx_depth {
+        return Err(format!("Couldn't post receive ({routs})"));
+    }
+    if channel.is_some() {
+        cq.req_notify(false)
+            .or_fail("Couldn't request CQ notification")?;
+    }
+
+    let portinfo = ctx
+        .query_port(cfg.ib_port)
+        .or_fail("Couldn't get port info")?;
+    let unused = Endpoint {
+        lid: 0,
+        qpn: QpNum::default(),
+        psn: Psn::default(),
+        gid: Gid::ZERO,
+    };
+    let mut my_dest = vec![unused; MAX_QP];
+    for (i, qp) in qps.iter().enumerate() {
+        if portinfo.link_layer != LinkLayer::Ethernet && portinfo.lid == 0 {
+            return Err("Couldn't get local LID".into());
+        }
+        let gid = match cfg.gidx {
+            Some(g) => ctx
+                .query_gid(cfg.ib_port, g.into())
+                .or_fail(&format!("Could not get local gid for gid index {g}"))?,
+            None => Gid::ZERO,
+        };
+        my_dest[i] = Endpoint {
+            lid: portinfo.lid,
+            qpn: QpNum::new(qp.qp_num()).or_fail("bad QP number")?,
+            psn: rng.psn(),
+            gid,
+        };
+        pingpong::print_local(&my_dest[i], ", ");
+    }
+
+    let rem_dest = match &cfg.servername {
+        Some(host) => pingpong::client_exch_dest(host, cfg.port, &my_dest)?,
+        None => pingpong::server_exch_dest(cfg.port, &my_dest, |rem| {
+            connect(&mut qps, &cfg, &my_dest, rem)
+        })?,
+    };
+    for r in &rem_dest[..num_qp] {
+        pingpong::print_remote(r);
+    }
+    let client = cfg.servername.is_some();
+    if client {
+        connect(&mut qps, &cfg, &my_dest, &rem_dest)?;
+    }
+
+    let mut check = Checker::new(cfg.validate);
+    let mut pending = vec![RECV_WRID; num_qp];
+    if client {
+        for (i, qp) in qps.iter_mut().enumerate() {
+            if let Some(b) = send_bufs[i].as_mut() {
+                check.stamp(b.as_mut_slice());
+            }
+            pingpong::post_send(qp, &mut send_bufs[i], size, inline, None, &check)?;
+            pending[i] = SEND_WRID | RECV_WRID;
+        }
+    }
+
+    let start = Instant::now();
+    let mut wcs = vec![WorkCompletion::default(); num_wc];
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    while rcnt < cfg.iters || scnt < cfg.iters {
+        let got = pingpong::next_completions(&cq, channel.as_ref(), &mut wcs)?;
+        for wc in got {
+            let qp_ind = qps.iter().position(|q| q.qp_num() == wc.qp_num());
+            // A receive's buffer comes back from the SRQ, a send's from its QP.
+            let mut from_srq = (0, None);
+            let (wr_id, chunk) = if srq.reclaim(wc, |d| from_srq = (d.wr_id, d.into_chunk())) > 0 {
+                from_srq
+            } else if let Some(i) = qp_ind {
+                pingpong::reclaim(&mut qps[i], wc)
+            } else {
+                (0, None)
+            };
+            pingpong::check_status(wc, wr_id)?;
+            let i = qp_ind.ok_or_else(|| format!("Couldn't find QPN {:06x}", wc.qp_num()))?;
+            match wr_id {
+                SEND_WRID => {
+                    scnt += 1;
+                    if chunk.is_some() {
+                        send_bufs[i] = chunk;
+                    }
+                }
+                RECV_WRID => {
+                    let c = chunk.ok_or("receive completion without its buffer")?;
+                    check.received(&c.as_slice()[..size]);
+                    recv_pool.push(c);
+                    routs -= 1;
+                    if routs <= num_qp {
+                        routs += post_recvs(&srq, &mut recv_pool, rx_depth - routs);
+                        if routs < rx_depth {
+                            return Err(format!("Couldn't post receive ({routs})"));
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}")),
+            }
+            pending[i] &= !wr_id;
+            if scnt < cfg.iters && pending[i] == 0 {
+                pingpong::post_send(&mut qps[i], &mut send_bufs[i], size, inline, None, &check)?;
+                pending[i] = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+
+    pingpong::print_results(size, cfg.iters, elapsed);
+    if !client {
+        check.report();
+    }
+    Ok(())
+}

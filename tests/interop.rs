@@ -1,0 +1,310 @@
+//! The pingpong examples against rdma-core's C programs, over the wire.
+//!
+//! For each of rc, uc, ud and srq: Rust server with C client, C server with
+//! Rust client, and Rust with Rust, each exchanging the default 1,000
+//! iterations, with default options, with events mode (`-e`) and a
+//! non-default size, and with `-c` (each side checks the bytes it received),
+//! on the test device over 127.0.0.1. Both processes must exit 0, print
+//! their results, and find no invalid data.
+//!
+//! Needs the device (see `tests/common`) and the C programs
+//! (`ibv_rc_pingpong`, ... from rdma-core's ibverbs-utils): without a device
+//! the runs are reported as ignored; with one but without the C programs
+//! they fail, saying what to install.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::Failed;
+use rdma_verbs::{GidType, LinkLayer};
+
+use common::{Env, TestFn};
+
+/// Which program plays which role.
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    C,
+    Rust,
+}
+
+struct Run {
+    example: &'static str,
+    server: Side,
+    client: Side,
+    server_args: &'static [&'static str],
+    client_args: &'static [&'static str],
+}
+
+/// Eight runs per example: the three pairings with default options; the
+/// three with events (`-e`) on one or both sides and a non-default size; and
+/// both mixed pairings with `-c`, where each side checks the bytes it got.
+macro_rules! runs_for {
+    ($ex:literal, $size:literal) => {
+        [
+            Run {
+                example: $ex,
+                server: Side::Rust,
+                client: Side::C,
+                server_args: &[],
+                client_args: &[],
+            },
+            Run {
+                example: $ex,
+                server: Side::C,
+                client: Side::Rust,
+                server_args: &[],
+                client_args: &[],
+            },
+            Run {
+                example: $ex,
+                server: Side::Rust,
+                client: Side::Rust,
+                server_args: &[],
+                client_args: &[],
+            },
+            Run {
+                example: $ex,
+                server: Side::Rust,
+                client: Side::C,
+                server_args: &["-e", "-s", $size],
+                client_args: &["-e", "-s", $size],
+            },
+            Run {
+                example: $ex,
+                server: Side::C,
+                client: Side::Rust,
+                server_args: &["-s", $size],
+                client_args: &["-e", "-s", $size],
+            },
+            Run {
+                example: $ex,
+                server: Side::Rust,
+                client: Side::Rust,
+                server_args: &["-e", "-s", $size],
+                client_args: &["-s", $size],
+            },
+            Run {
+                example: $ex,
+                server: Side::Rust,
+                client: Side::C,
+                server_args: &["-c"],
+                client_args: &["-c"],
+            },
+            Run {
+                example: $ex,
+                server: Side::C,
+                client: Side::Rust,
+                server_args: &["-c"],
+                client_args: &["-c"],
+            },
+        ]
+    };
+}
+
+const RC: [Run; 8] = runs_for!("rc", "1024");
+const UC: [Run; 8] = runs_for!("uc", "1024");
+const UD: [Run; 8] = runs_for!("ud", "512");
+const SRQ: [Run; 8] = runs_for!("srq", "1024");
+
+fn nth(n: usize) -> &'static Run {
+    [&RC, &UC, &UD, &SRQ][n / 8].get(n % 8).expect("32 runs")
+}
+
+macro_rules! trials {
+    ($($i:literal),*) => {
+        &[$((concat!("interop::run_", $i), run_n::<$i> as TestFn)),*]
+    };
+}
+
+const TESTS: &[(&str, TestFn)] = trials!(
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+    26, 27, 28, 29, 30, 31
+);
+
+fn main() -> std::process::ExitCode {
+    // Two VMs' worth of pingpongs at once would share the one device and
+    // the loopback ports: one at a time.
+    let mut args = libtest_mimic::Arguments::from_args();
+    args.test_threads = Some(1);
+    common::run_with("interop", TESTS, args)
+}
+
+fn run_n<const N: usize>(env: &Env) -> Result<(), Failed> {
+    run(env, nth(N), 19_000 + N as u16)
+}
+
+/// The Rust example binary, built next to this test by `cargo test`.
+fn rust_example(name: &str) -> Result<PathBuf, Failed> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or("no target dir")?;
+    let path = dir.join("examples").join(name);
+    ensure!(
+        path.exists(),
+        "{} is not built (cargo test builds the examples)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The C program, from PATH.
+fn c_program(name: &str) -> Result<PathBuf, Failed> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("{name} not found: install rdma-core's ibverbs-utils").into())
+}
+
+/// The GID index the runs use: a RoCE v2 GID (IPv4-mapped if there is one)
+/// on Ethernet ports, none on InfiniBand.
+fn gid_index(env: &Env) -> Result<Option<u32>, Failed> {
+    if env.ctx.query_port(env.port)?.link_layer != LinkLayer::Ethernet {
+        return Ok(None);
+    }
+    let table = env.ctx.gid_table()?;
+    let v2: Vec<_> = table
+        .iter()
+        .filter(|e| e.port == u32::from(env.port) && e.gid_type == Some(GidType::RoceV2))
+        .collect();
+    let pick = v2
+        .iter()
+        .find(|e| e.gid.as_ipv6().to_ipv4_mapped().is_some())
+        .or(v2.first());
+    Ok(Some(pick.ok_or("no RoCE v2 GID")?.index))
+}
+
+/// Whether something listens on TCP `port` (from /proc/net/tcp and tcp6).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Waits for `child` up to `limit`, killing it after; returns (status, output).
+fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), Failed> {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_string(&mut out)?;
+    }
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut out)?;
+    }
+    match status {
+        Some(st) => Ok((st.success(), out)),
+        None => Ok((false, format!("{out}\n(killed after {limit:?})"))),
+    }
+}
+
+fn run(env: &Env, r: &Run, tcp_port: u16) -> Result<(), Failed> {
+    let program = |side: Side| -> Result<PathBuf, Failed> {
+        match side {
+            Side::C => c_program(&format!("ibv_{}_pingpong", r.example)),
+            Side::Rust => rust_example(&format!("{}_pingpong", r.example)),
+        }
+    };
+    let (server_bin, client_bin) = (program(r.server)?, program(r.client)?);
+    let mut args: Vec<String> = vec![
+        "-d".into(),
+        env.ctx.name().into(),
+        "-i".into(),
+        env.port.to_string(),
+        "-p".into(),
+        tcp_port.to_string(),
+    ];
+    if let Some(g) = gid_index(env)? {
+        args.extend(["-g".into(), g.to_string()]);
+    }
+    let spawn = |bin: &PathBuf, own: &[&str], extra: Option<&str>| {
+        Command::new(bin)
+            .args(&args)
+            .args(own)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+    };
+    let server = spawn(&server_bin, r.server_args, None)?;
+    let start = Instant::now();
+    while !listening(tcp_port) {
+        if start.elapsed() > Duration::from_secs(10) {
+            let (_, out) = finish(server, Duration::ZERO)?;
+            return Err(format!(
+                "the {:?} server never listened on {tcp_port}:\n{out}",
+                r.server
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = spawn(&client_bin, r.client_args, Some("127.0.0.1"))?;
+    let limit = Duration::from_secs(120);
+    let (client_ok, client_out) = finish(client, limit)?;
+    let (server_ok, server_out) = finish(server, limit)?;
+    let both = format!(
+        "--- {:?} server:\n{server_out}\n--- {:?} client:\n{client_out}",
+        r.server, r.client
+    );
+    let what = format!(
+        "{} {:?} server {:?}, {:?} client {:?}",
+        r.example, r.server, r.server_args, r.client, r.client_args
+    );
+    ensure!(server_ok && client_ok, "{what}: failed\n{both}");
+    ensure!(
+        !both.contains("invalid data"),
+        "{what}: a side found invalid data\n{both}"
+    );
+    for (who, out) in [("server", &server_out), ("client", &client_out)] {
+        ensure!(
+            out.contains("  local address:  LID 0x"),
+            "{who} printed no local address\n{both}"
+        );
+        ensure!(
+            out.contains("  remote address: LID 0x"),
+            "{who} printed no remote address\n{both}"
+        );
+        ensure!(
+            out.contains(" bytes in ") && out.contains("Mbit/sec"),
+            "{who} printed no throughput\n{both}"
+        );
+        ensure!(
+            out.contains(" iters in "),
+            "{who} printed no iteration time\n{both}"
+        );
+    }
+    let last = client_out
+        .lines()
+        .filter(|l| l.contains(" in "))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    eprintln!("interop: {what}: {last}");
+    Ok(())
+}
