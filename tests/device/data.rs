@@ -717,7 +717,10 @@ fn srq(env: &Env) -> Result<(), Failed> {
             } else {
                 receiver.reclaim(wc, |d| ensure_chunk(d.into_chunk()))
             };
-            ensure!(srq.reclaim(wc, |_| ()) == 0, "a receive was handed back twice");
+            ensure!(
+                srq.reclaim(wc, |_| ()) == 0,
+                "a receive was handed back twice"
+            );
         } else {
             sender.reclaim(wc, |_| ());
         }
