@@ -366,11 +366,12 @@ impl Chunk {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range is inside the live buffer, belongs to this chunk
-        // alone (chunks are disjoint and not Clone), and the device does not
-        // write it while the caller holds the chunk: the region has no remote
-        // write access (checked in `into_chunks`) and the chunk is not posted
+        // The range is inside the live buffer and belongs to this chunk alone
+        // (chunks are disjoint and not Clone). The device does not write it
+        // while the caller holds the chunk: the region has no remote write
+        // access (checked in `into_chunks`) and the chunk is not posted
         // (posting moves it away).
+        // SAFETY: in bounds, unaliased, not written by the device (see above).
         unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 

@@ -736,11 +736,12 @@ impl QueuePair {
         }
         link_chain(&mut p.send_wrs, &mut p.sges);
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP is live; `send_wrs` is a NULL-terminated chain whose
-        // sg_lists point into `sges`, both unchanged until the call returns;
-        // every entry names a chunk this call owns (moved into the ring below
-        // before any completion can be reclaimed) or inline data borrowed for
-        // the call; UD entries name live address handles kept in the ring.
+        // `send_wrs` is a NULL-terminated chain whose sg_lists point into
+        // `sges`, both unchanged until the call returns; every entry names a
+        // chunk this call owns (moved into the ring below before any
+        // completion can be reclaimed) or inline data borrowed for the call;
+        // UD entries name live address handles, kept in the ring.
+        // SAFETY: a live QP and a valid chain over memory that outlives it (above).
         let rc = unsafe { sys::ibv_post_send(qp, p.send_wrs.as_mut_ptr(), &mut bad) };
         let posted = posted_count(rc, bad, &p.send_wrs, n);
         let mut back = Vec::new();
