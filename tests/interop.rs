@@ -7,6 +7,9 @@
 //! on the test device over 127.0.0.1. Both processes must exit 0, print
 //! their results, and find no invalid data.
 //!
+//! Also runs the `rdma_ops` example, server and client, which checks every
+//! RDMA write, read and atomic result.
+//!
 //! Needs the device (see `tests/common`) and the C programs
 //! (`ibv_rc_pingpong`, ... from rdma-core's ibverbs-utils): without a device
 //! the runs are reported as ignored; with one but without the C programs
@@ -122,17 +125,19 @@ macro_rules! trials {
     };
 }
 
-const TESTS: &[(&str, TestFn)] = trials!(
+const PINGPONGS: &[(&str, TestFn)] = trials!(
     0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
     26, 27, 28, 29, 30, 31
 );
 
 fn main() -> std::process::ExitCode {
+    let mut tests = PINGPONGS.to_vec();
+    tests.push(("interop::rdma_ops", rdma_ops));
     // Two VMs' worth of pingpongs at once would share the one device and
     // the loopback ports: one at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("interop", TESTS, args)
+    common::run_with("interop", &tests, args)
 }
 
 fn run_n<const N: usize>(env: &Env) -> Result<(), Failed> {
@@ -230,54 +235,18 @@ fn run(env: &Env, r: &Run, tcp_port: u16) -> Result<(), Failed> {
             Side::Rust => rust_example(&format!("{}_pingpong", r.example)),
         }
     };
-    let (server_bin, client_bin) = (program(r.server)?, program(r.client)?);
-    let mut args: Vec<String> = vec![
-        "-d".into(),
-        env.ctx.name().into(),
-        "-i".into(),
-        env.port.to_string(),
-        "-p".into(),
-        tcp_port.to_string(),
-    ];
-    if let Some(g) = gid_index(env)? {
-        args.extend(["-g".into(), g.to_string()]);
-    }
-    let spawn = |bin: &PathBuf, own: &[&str], extra: Option<&str>| {
-        Command::new(bin)
-            .args(&args)
-            .args(own)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-    };
-    let server = spawn(&server_bin, r.server_args, None)?;
-    let start = Instant::now();
-    while !listening(tcp_port) {
-        if start.elapsed() > Duration::from_secs(10) {
-            let (_, out) = finish(server, Duration::ZERO)?;
-            return Err(format!(
-                "the {:?} server never listened on {tcp_port}:\n{out}",
-                r.server
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client = spawn(&client_bin, r.client_args, Some("127.0.0.1"))?;
-    let limit = Duration::from_secs(120);
-    let (client_ok, client_out) = finish(client, limit)?;
-    let (server_ok, server_out) = finish(server, limit)?;
-    let both = format!(
-        "--- {:?} server:\n{server_out}\n--- {:?} client:\n{client_out}",
-        r.server, r.client
-    );
     let what = format!(
         "{} {:?} server {:?}, {:?} client {:?}",
         r.example, r.server, r.server_args, r.client, r.client_args
     );
-    ensure!(server_ok && client_ok, "{what}: failed\n{both}");
+    let (server_out, client_out) = pair(
+        env,
+        (&program(r.server)?, r.server_args),
+        (&program(r.client)?, r.client_args),
+        tcp_port,
+        &what,
+    )?;
+    let both = format!("--- server:\n{server_out}\n--- client:\n{client_out}");
     ensure!(
         !both.contains("invalid data"),
         "{what}: a side found invalid data\n{both}"
@@ -306,5 +275,76 @@ fn run(env: &Env, r: &Run, tcp_port: u16) -> Result<(), Failed> {
         .collect::<Vec<_>>()
         .join(" | ");
     eprintln!("interop: {what}: {last}");
+    Ok(())
+}
+
+/// Runs a server and a client (the client gets `127.0.0.1` last) with the
+/// device, port, TCP port and GID index options; both must exit 0 within
+/// two minutes. Returns their outputs.
+fn pair(
+    env: &Env,
+    server: (&PathBuf, &[&str]),
+    client: (&PathBuf, &[&str]),
+    tcp_port: u16,
+    what: &str,
+) -> Result<(String, String), Failed> {
+    let mut args: Vec<String> = vec![
+        "-d".into(),
+        env.ctx.name().into(),
+        "-i".into(),
+        env.port.to_string(),
+        "-p".into(),
+        tcp_port.to_string(),
+    ];
+    if let Some(g) = gid_index(env)? {
+        args.extend(["-g".into(), g.to_string()]);
+    }
+    let spawn = |bin: &PathBuf, own: &[&str], extra: Option<&str>| {
+        Command::new(bin)
+            .args(&args)
+            .args(own)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+    };
+    let server_child = spawn(server.0, server.1, None)?;
+    let start = Instant::now();
+    while !listening(tcp_port) {
+        if start.elapsed() > Duration::from_secs(10) {
+            let (_, out) = finish(server_child, Duration::ZERO)?;
+            return Err(format!("{what}: the server never listened on {tcp_port}:\n{out}").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client_child = spawn(client.0, client.1, Some("127.0.0.1"))?;
+    let limit = Duration::from_secs(120);
+    let (client_ok, client_out) = finish(client_child, limit)?;
+    let (server_ok, server_out) = finish(server_child, limit)?;
+    ensure!(
+        server_ok && client_ok,
+        "{what}: failed\n--- server:\n{server_out}\n--- client:\n{client_out}"
+    );
+    Ok((server_out, client_out))
+}
+
+/// The RDMA write/read/atomic example, server and client, every result checked.
+fn rdma_ops(env: &Env) -> Result<(), Failed> {
+    let bin = rust_example("rdma_ops")?;
+    let (server_out, client_out) = pair(env, (&bin, &[]), (&bin, &[]), 19_100, "rdma_ops")?;
+    ensure!(
+        client_out.contains("all results checked"),
+        "client:\n{client_out}"
+    );
+    ensure!(
+        server_out.contains("region checked"),
+        "server:\n{server_out}"
+    );
+    let summary = client_out
+        .lines()
+        .rfind(|l| l.contains("all results checked"))
+        .unwrap_or("");
+    eprintln!("interop: {summary}");
     Ok(())
 }

@@ -106,6 +106,11 @@ pub enum SendOp {
     RdmaRead(RemoteAddr),
     /// `IBV_WR_ATOMIC_CMP_AND_SWP` on the 8 bytes at `remote` (8-aligned);
     /// the local 8-byte chunk receives the old value.
+    ///
+    /// The target and the returned value are 64-bit integers in the hosts'
+    /// byte order on rxe and current NICs (measured on rxe: the `rdma_ops`
+    /// example and the device tests read them with `u64::from_ne_bytes`);
+    /// some old adapters returned the old value big-endian.
     CompareSwap {
         /// The peer's 8 bytes.
         remote: RemoteAddr,
