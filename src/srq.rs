@@ -173,20 +173,11 @@ impl SharedReceiveQueue {
     pub fn post_recv<I>(&self, wrs: I) -> Result<(), PostError>
     where
         I: IntoIterator<Item = RecvWr>,
-        I::IntoIter: ExactSizeIterator,
     {
         const VERB: &str = "ibv_post_srq_recv";
-        let wrs = wrs.into_iter();
-        let n = wrs.len();
         let mut reqs = crate::qp::post_internal::Batch::new();
-        let mut p = self.pending();
-        let mut error = (n > p.free.len()).then(|| {
-            Error::invalid(
-                VERB,
-                format!("{n} receive(s) but only {} free slots", p.free.len()),
-            )
-        });
         let keep = self.inner.keep();
+        let mut error = None;
         for wr in wrs {
             if error.is_none() {
                 error = crate::qp::post_internal::check_recv(
@@ -198,6 +189,14 @@ impl SharedReceiveQueue {
                 .err();
             }
             reqs.push(wr);
+        }
+        let n = reqs.len();
+        let mut p = self.pending();
+        if error.is_none() && n > p.free.len() {
+            error = Some(Error::invalid(
+                VERB,
+                format!("{n} receive(s) but only {} free slots", p.free.len()),
+            ));
         }
         if let Some(e) = error {
             return Err(reqs.refuse(e));

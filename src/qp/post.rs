@@ -637,26 +637,25 @@ impl QueuePair {
     pub fn post_send<'a, I>(&mut self, wrs: I) -> Result<(), PostError>
     where
         I: IntoIterator<Item = SendWr<'a>>,
-        I::IntoIter: ExactSizeIterator,
     {
         const VERB: &str = "ibv_post_send";
-        let wrs = wrs.into_iter();
-        let n = wrs.len();
-        let (cap, outstanding) = (self.pending().send_cap, self.pending().send.len());
-        let mut error = (outstanding + n > cap).then(|| {
-            Error::invalid(
-                VERB,
-                format!(
-                    "{n} request(s) with {outstanding} outstanding exceed the send queue's {cap}"
-                ),
-            )
-        });
         let mut reqs = Batch::new();
+        let mut error = None;
         for wr in wrs {
             if error.is_none() {
                 error = self.check_send(&wr).err();
             }
             reqs.push(wr);
+        }
+        let n = reqs.len();
+        let (cap, outstanding) = (self.pending().send_cap, self.pending().send.len());
+        if error.is_none() && outstanding + n > cap {
+            error = Some(Error::invalid(
+                VERB,
+                format!(
+                    "{n} request(s) with {outstanding} outstanding exceed the send queue's {cap}"
+                ),
+            ));
         }
         if let Some(e) = error {
             return Err(reqs.refuse(e));
@@ -779,25 +778,12 @@ impl QueuePair {
     pub fn post_recv<I>(&mut self, wrs: I) -> Result<(), PostError>
     where
         I: IntoIterator<Item = RecvWr>,
-        I::IntoIter: ExactSizeIterator,
     {
         const VERB: &str = "ibv_post_recv";
-        let wrs = wrs.into_iter();
-        let n = wrs.len();
         let mut reqs = Batch::new();
-        let mut error = None;
-        let (cap, outstanding) = (self.pending().recv_cap, self.pending().recv.len());
-        if self.uses_srq() {
-            error = Some(Error::invalid(
-                VERB,
-                "the QP receives through its SRQ: post to the SRQ",
-            ));
-        } else if outstanding + n > cap {
-            error = Some(Error::invalid(
-                VERB,
-                format!("{n} request(s) with {outstanding} outstanding exceed the receive queue's {cap}"),
-            ));
-        }
+        let mut error = self
+            .uses_srq()
+            .then(|| Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ"));
         let max_sge = self.caps().max_recv_sge as usize;
         let pd = self.pd().handle();
         for wr in wrs {
@@ -805,6 +791,14 @@ impl QueuePair {
                 error = check_recv(&wr, max_sge, pd, VERB).err();
             }
             reqs.push(wr);
+        }
+        let n = reqs.len();
+        let (cap, outstanding) = (self.pending().recv_cap, self.pending().recv.len());
+        if error.is_none() && outstanding + n > cap {
+            error = Some(Error::invalid(
+                VERB,
+                format!("{n} request(s) with {outstanding} outstanding exceed the receive queue's {cap}"),
+            ));
         }
         if let Some(e) = error {
             return Err(reqs.refuse(e));
@@ -972,6 +966,10 @@ impl<T: HasSges> Batch<T> {
             n: 0,
             more: Vec::new(),
         }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.n + self.more.len()
     }
 
     pub(crate) fn push(&mut self, wr: T) {
