@@ -295,6 +295,18 @@ c_enum! {
     }
 }
 
+impl WcStatus {
+    /// libibverbs' description of the status (`ibv_wc_status_str`), e.g.
+    /// "transport retry counter exceeded".
+    #[doc(alias = "ibv_wc_status_str")]
+    pub fn message(self) -> &'static str {
+        // SAFETY: ibv_wc_status_str returns a pointer to a static, NUL-terminated
+        // string for any value (an "unknown" text for values it does not know).
+        let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(self.as_raw())) };
+        s.to_str().unwrap_or("unknown")
+    }
+}
+
 bitflags::bitflags! {
     /// Flags of a work completion (`enum ibv_wc_flags`).
     #[doc(alias = "ibv_wc_flags")]
@@ -479,6 +491,15 @@ mod tests {
         assert!(!w.is_success());
         let w = wc(|r| r.status = sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR);
         assert_eq!(w.status(), Ok(WcStatus::WrFlushErr));
+    }
+
+    #[test]
+    fn status_messages_come_from_libibverbs() {
+        assert_eq!(WcStatus::Success.message(), "success");
+        assert_eq!(
+            WcStatus::RetryExcErr.message(),
+            "transport retry counter exceeded"
+        );
     }
 
     #[test]

@@ -82,7 +82,9 @@ impl Drop for Buffer {
     }
 }
 
-fn page_size() -> usize {
+/// The system's page size (`sysconf(_SC_PAGESIZE)`), which every region
+/// this crate allocates is aligned to.
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
         n if n > 0 => n as usize,

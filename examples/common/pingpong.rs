@@ -426,30 +426,6 @@ impl Rand48 {
     }
 }
 
-/// The system page size (`AT_PAGESZ` from the auxiliary vector; 4096 if
-/// it cannot be read).
-pub fn page_size() -> usize {
-    const AT_PAGESZ: usize = 6;
-    let word = std::mem::size_of::<usize>();
-    if let Ok(aux) = std::fs::read("/proc/self/auxv") {
-        for pair in aux.chunks_exact(2 * word) {
-            let get = |b: &[u8]| {
-                let mut a = [0u8; 8];
-                a[..word].copy_from_slice(b);
-                u64::from_ne_bytes(a) as usize
-            };
-            let (key, value) = (get(&pair[..word]), get(&pair[word..]));
-            if key == AT_PAGESZ && value > 0 {
-                return value;
-            }
-            if key == 0 {
-                break;
-            }
-        }
-    }
-    4096
-}
-
 // ---------------------------------------------------------------------------
 // Device setup
 // ---------------------------------------------------------------------------
@@ -646,7 +622,7 @@ impl Checker {
     pub fn new(on: bool) -> Self {
         Checker {
             on,
-            page: page_size(),
+            page: rdma_verbs::page_size(),
             echo: None,
             last_bad: Vec::new(),
         }
@@ -810,8 +786,8 @@ pub fn check_status(wc: &WorkCompletion, wr_id: u64) -> Res<()> {
         return Ok(());
     }
     let (name, raw) = match wc.status() {
-        Ok(s) => (s.c_name().to_owned(), s.as_raw()),
-        Err(raw) => ("unknown status".to_owned(), raw),
+        Ok(s) => (s.message(), s.as_raw()),
+        Err(raw) => ("unknown", raw),
     };
     Err(format!(
         "Failed status {name} ({raw}) for wr_id {wr_id} (vendor error 0x{:x})",
