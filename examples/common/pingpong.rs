@@ -13,10 +13,14 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdma_verbs::qp::{Endpoint, PostError, Psn, QKey, QpNum, RecvWr, SendOp, SendWr};
+use rdma_verbs::qp::{
+    AddressVector, Endpoint, GlobalRoute, PostError, Psn, QKey, QpAttr, QpNum, RecvWr, SendOp,
+    SendWr,
+};
 use rdma_verbs::{
     AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, Context, DeviceList,
-    Mtu, ProtectionDomain, QueuePair, WorkCompletion,
+    Gid, LinkLayer, Mtu, ProtectionDomain, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
+    WorkCompletion,
 };
 
 /// `wr_id` of receives, as in the C examples.
@@ -966,4 +970,116 @@ mod tests {
             [89_400_484, 976_015_093, 1_792_756_325]
         );
     }
+}
+
+/// The address vector to the peer `dest`, as `pp_connect_ctx` builds it: a
+/// GRH (hop limit 1) when the peer sent a GID, which needs `-g`.
+pub fn peer_av(cfg: &Config, dest: &Endpoint) -> Res<AddressVector> {
+    let mut av = AddressVector::new(cfg.ib_port)
+        .dlid(dest.lid)
+        .sl(cfg.sl)
+        .or_fail("Failed to modify QP to RTR")?;
+    if dest.gid.interface_id() != 0 {
+        let sgid = cfg.gidx.ok_or(
+            "Failed to modify QP to RTR (the peer sent a GID but no local GID index was given: use -g)",
+        )?;
+        av = av.global(GlobalRoute::new(dest.gid, sgid).hop_limit(1));
+    }
+    Ok(av)
+}
+
+/// Signature of a program's `pp_connect_ctx`.
+pub type ConnectFn = fn(&mut QueuePair, &Config, Endpoint, &Endpoint) -> Res<()>;
+
+/// What `ibv_rc_pingpong` and `ibv_uc_pingpong` do once their options are
+/// checked: set up one QP of `qp_type`, exchange endpoints, connect with
+/// `connect`, ping-pong and print the results.
+pub fn run_connected(cfg: Config, qp_type: QpType, connect: ConnectFn) -> Res<()> {
+    let mut rng = Rand48::from_pid_and_time();
+
+    // pp_init_ctx
+    let ctx = open_device(cfg.ib_devname.as_deref())?;
+    let channel = create_channel(&ctx, cfg.use_event)?;
+    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+    let recv_pool = alloc_buffers(&pd, cfg.rx_depth, cfg.size, 0x7b)?;
+    let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
+    let cq = create_cq(&ctx, cfg.rx_depth + 1, channel.as_ref())?;
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: cfg.rx_depth as u32,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let mut qp = pd
+        .create_qp(&QpInitAttr::new(qp_type, &cq, &cq).caps(caps))
+        .or_fail("Couldn't create QP")?;
+    let inline = qp.caps().max_inline_data as usize >= cfg.size;
+    qp.modify(
+        &QpAttr::new()
+            .state(QpState::Init)
+            .pkey_index(0)
+            .port(cfg.ib_port)
+            .access_flags(AccessFlags::empty()),
+    )
+    .or_fail("Failed to modify QP to INIT")?;
+
+    let mut pp = SingleQp {
+        qp,
+        cq,
+        channel,
+        recv_pool,
+        routs: 0,
+        send_buf,
+        size: cfg.size,
+        rx_depth: cfg.rx_depth,
+        inline,
+        recv_offset: 0,
+        ud: None,
+        check: Checker::new(cfg.validate),
+    };
+    pp.post_initial_recvs()?;
+    if pp.channel.is_some() {
+        pp.cq
+            .req_notify(false)
+            .or_fail("Couldn't request CQ notification")?;
+    }
+
+    let portinfo = ctx
+        .query_port(cfg.ib_port)
+        .or_fail("Couldn't get port info")?;
+    if portinfo.link_layer != LinkLayer::Ethernet && portinfo.lid == 0 {
+        return Err("Couldn't get local LID".into());
+    }
+    let gid = match cfg.gidx {
+        Some(g) => ctx
+            .query_gid(cfg.ib_port, g.into())
+            .or_fail(&format!("can't read sgid of index {g}"))?,
+        None => Gid::ZERO,
+    };
+    let my_dest = Endpoint {
+        lid: portinfo.lid,
+        qpn: QpNum::new(pp.qp.qp_num()).or_fail("bad QP number")?,
+        psn: rng.psn(),
+        gid,
+    };
+    print_local(&my_dest, ", ");
+
+    let rem_dest = match &cfg.servername {
+        Some(host) => client_exch_dest(host, cfg.port, &[my_dest])?,
+        None => server_exch_dest(cfg.port, &[my_dest], |rem| {
+            connect(&mut pp.qp, &cfg, my_dest, &rem[0])
+        })?,
+    }[0];
+    print_remote(&rem_dest);
+    if cfg.servername.is_some() {
+        connect(&mut pp.qp, &cfg, my_dest, &rem_dest)?;
+    }
+
+    let elapsed = pp.run(cfg.iters, cfg.servername.is_some())?;
+    print_results(cfg.size, cfg.iters, elapsed);
+    if cfg.servername.is_none() {
+        pp.check.report();
+    }
+    Ok(())
 }
