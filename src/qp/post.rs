@@ -838,10 +838,9 @@ impl QueuePair {
     /// Posts a raw chain of send requests, bypassing the buffer ownership of
     /// [`post_send`](Self::post_send): the expert path.
     ///
-    /// Completions of these requests carry the caller's own `wr_id`s and are
-    /// not [`reclaim`](Self::reclaim)ed (give them `wr_id`s with the top bit
-    /// clear that cannot collide with the safe path's, or do not mix the two
-    /// on one QP).
+    /// Completions of these requests carry the caller's own `wr_id`s; the
+    /// caller handles them itself and never passes them to
+    /// [`reclaim`](Self::reclaim).
     ///
     /// # Safety
     /// `wr` is a valid NULL-terminated chain; every `sg_list` entry names
