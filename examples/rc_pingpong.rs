@@ -84,7 +84,7 @@ fn main() -> ExitCode {
 /// `pp_connect_ctx`: INIT -> RTR -> RTS against the peer's endpoint, with
 /// the C program's attributes. A GRH is used when the peer sent a GID.
 fn connect(qp: &mut QueuePair, cfg: &Config, me: Endpoint, dest: &Endpoint) -> Res<()> {
-    let av = pingpong::peer_av(cfg, dest)?;
+    let av = pingpong::peer_av(cfg, dest.lid, dest.gid, "Failed to modify QP to RTR")?;
     let rtr = QpAttr::new()
         .state(QpState::Rtr)
         .av(av)

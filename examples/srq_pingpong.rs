@@ -34,10 +34,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use pingpong::{opt, Checker, Config, OrFail, Program, Res, RECV_WRID, SEND_WRID};
-use rdma_verbs::qp::{
-    AckTimeout, AddressVector, Endpoint, GlobalRoute, MinRnrTimer, Psn, QpAttr, QpNum, RetryCount,
-    RnrRetry,
-};
+use rdma_verbs::qp::{AckTimeout, Endpoint, MinRnrTimer, Psn, QpAttr, QpNum, RetryCount, RnrRetry};
 use rdma_verbs::{
     AccessFlags, Chunk, Gid, LinkLayer, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
     SharedReceiveQueue, WorkCompletion,
@@ -90,16 +87,7 @@ fn main() -> ExitCode {
 fn connect(qps: &mut [QueuePair], cfg: &Config, me: &[Endpoint], dest: &[Endpoint]) -> Res<()> {
     for (i, qp) in qps.iter_mut().enumerate() {
         let rtr_fail = format!("Failed to modify QP[{i}] to RTR");
-        let mut av = AddressVector::new(cfg.ib_port)
-            .dlid(dest[i].lid)
-            .sl(cfg.sl)
-            .or_fail(&rtr_fail)?;
-        if dest[0].gid.interface_id() != 0 {
-            let sgid = cfg.gidx.ok_or_else(|| {
-                format!("{rtr_fail} (the peer sent a GID but no local GID index was given: use -g)")
-            })?;
-            av = av.global(GlobalRoute::new(dest[0].gid, sgid).hop_limit(1));
-        }
+        let av = pingpong::peer_av(cfg, dest[i].lid, dest[0].gid, &rtr_fail)?;
         let rtr = QpAttr::new()
             .state(QpState::Rtr)
             .av(av)

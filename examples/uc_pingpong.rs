@@ -71,7 +71,7 @@ fn main() -> ExitCode {
 /// the C program's attributes (UC: no RC timers or rd_atomic). A GRH is used
 /// when the peer sent a GID.
 fn connect(qp: &mut QueuePair, cfg: &Config, me: Endpoint, dest: &Endpoint) -> Res<()> {
-    let av = pingpong::peer_av(cfg, dest)?;
+    let av = pingpong::peer_av(cfg, dest.lid, dest.gid, "Failed to modify QP to RTR")?;
     let rtr = QpAttr::new()
         .state(QpState::Rtr)
         .av(av)

@@ -31,8 +31,8 @@ mod pingpong;
 use std::process::ExitCode;
 
 use pingpong::{opt, Config, OrFail, Program, Res, SingleQp, UdDest, GRH_LEN, UD_QKEY};
-use rdma_verbs::qp::{AddressVector, Endpoint, GlobalRoute, QpAttr, QpNum};
-use rdma_verbs::{Gid, ProtectionDomain, QpCaps, QpInitAttr, QpState, QpType};
+use rdma_verbs::qp::{Endpoint, QpAttr, QpNum};
+use rdma_verbs::{Gid, QpState, QpType};
 
 const PROGRAM: Program = Program {
     opts: &[
@@ -68,30 +68,15 @@ fn main() -> ExitCode {
 
 /// `pp_connect_ctx`: RTR, RTS with our PSN, then the address handle for the
 /// peer (with a GRH when the peer sent a GID).
-fn connect(
-    pp: &mut SingleQp,
-    pd: &ProtectionDomain,
-    cfg: &Config,
-    me: Endpoint,
-    dest: &Endpoint,
-) -> Res<()> {
+fn connect(pp: &mut SingleQp, cfg: &Config, me: Endpoint, dest: &Endpoint) -> Res<()> {
     pp.qp
         .modify(&QpAttr::new().state(QpState::Rtr))
         .or_fail("Failed to modify QP to RTR")?;
     pp.qp
         .modify(&QpAttr::new().state(QpState::Rts).sq_psn(me.psn))
         .or_fail("Failed to modify QP to RTS")?;
-    let mut av = AddressVector::new(cfg.ib_port)
-        .dlid(dest.lid)
-        .sl(cfg.sl)
-        .or_fail("Failed to create AH")?;
-    if dest.gid.interface_id() != 0 {
-        let sgid = cfg.gidx.ok_or(
-            "Failed to create AH (the peer sent a GID but no local GID index was given: use -g)",
-        )?;
-        av = av.global(GlobalRoute::new(dest.gid, sgid).hop_limit(1));
-    }
-    let ah = pd.create_ah(&av).or_fail("Failed to create AH")?;
+    let av = pingpong::peer_av(cfg, dest.lid, dest.gid, "Failed to create AH")?;
+    let ah = pp.qp.pd().create_ah(&av).or_fail("Failed to create AH")?;
     pp.ud = Some(UdDest { ah, qpn: dest.qpn });
     Ok(())
 }
@@ -109,51 +94,12 @@ fn run(cfg: Config) -> Res<()> {
     if cfg.size > mtu {
         return Err(format!("Requested size larger than port MTU ({mtu})"));
     }
-    let channel = pingpong::create_channel(&ctx, cfg.use_event)?;
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-    let recv_pool = pingpong::alloc_buffers(&pd, cfg.rx_depth, cfg.size + GRH_LEN, 0x7b)?;
-    let send_buf = pingpong::alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
-    let cq = pingpong::create_cq(&ctx, cfg.rx_depth + 1, channel.as_ref())?;
-    let caps = QpCaps {
-        max_send_wr: 1,
-        max_recv_wr: cfg.rx_depth as u32,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let mut qp = pd
-        .create_qp(&QpInitAttr::new(QpType::Ud, &cq, &cq).caps(caps))
-        .or_fail("Couldn't create QP")?;
-    let inline = qp.caps().max_inline_data as usize >= cfg.size;
-    qp.modify(
-        &QpAttr::new()
-            .state(QpState::Init)
-            .pkey_index(0)
-            .port(cfg.ib_port)
-            .qkey(UD_QKEY),
-    )
-    .or_fail("Failed to modify QP to INIT")?;
-
-    let mut pp = SingleQp {
-        qp,
-        cq,
-        channel,
-        recv_pool,
-        routs: 0,
-        send_buf,
-        size: cfg.size,
-        rx_depth: cfg.rx_depth,
-        inline,
-        recv_offset: GRH_LEN,
-        ud: None,
-        check: pingpong::Checker::new(cfg.validate),
-    };
-    pp.post_initial_recvs()?;
-    if pp.channel.is_some() {
-        pp.cq
-            .req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
-    }
+    let init = QpAttr::new()
+        .state(QpState::Init)
+        .pkey_index(0)
+        .port(cfg.ib_port)
+        .qkey(UD_QKEY);
+    let mut pp = SingleQp::init(&ctx, &cfg, QpType::Ud, init, GRH_LEN)?;
 
     let portinfo = ctx
         .query_port(cfg.ib_port)
@@ -176,12 +122,12 @@ fn run(cfg: Config) -> Res<()> {
     let rem_dest = match &cfg.servername {
         Some(host) => pingpong::client_exch_dest(host, cfg.port, &[my_dest])?,
         None => pingpong::server_exch_dest(cfg.port, &[my_dest], |rem| {
-            connect(&mut pp, &pd, &cfg, my_dest, &rem[0])
+            connect(&mut pp, &cfg, my_dest, &rem[0])
         })?,
     }[0];
     pingpong::print_remote(&rem_dest);
     if cfg.servername.is_some() {
-        connect(&mut pp, &pd, &cfg, my_dest, &rem_dest)?;
+        connect(&mut pp, &cfg, my_dest, &rem_dest)?;
     }
 
     let elapsed = pp.run(cfg.iters, cfg.servername.is_some())?;

@@ -829,6 +829,57 @@ pub struct SingleQp {
 }
 
 impl SingleQp {
+    /// The rest of `pp_init_ctx` once the device is open: PD, buffers (each
+    /// receive buffer `recv_offset` bytes longer than `size`), CQ (with a
+    /// channel under `-e`), a QP of `qp_type` moved to INIT with `init`,
+    /// the initial receives, and the first notification request.
+    pub fn init(
+        ctx: &Context,
+        cfg: &Config,
+        qp_type: QpType,
+        init: QpAttr,
+        recv_offset: usize,
+    ) -> Res<Self> {
+        let channel = create_channel(ctx, cfg.use_event)?;
+        let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+        let recv_pool = alloc_buffers(&pd, cfg.rx_depth, cfg.size + recv_offset, 0x7b)?;
+        let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
+        let cq = create_cq(ctx, cfg.rx_depth + 1, channel.as_ref())?;
+        let caps = QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: cfg.rx_depth as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let mut qp = pd
+            .create_qp(&QpInitAttr::new(qp_type, &cq, &cq).caps(caps))
+            .or_fail("Couldn't create QP")?;
+        let inline = qp.caps().max_inline_data as usize >= cfg.size;
+        qp.modify(&init).or_fail("Failed to modify QP to INIT")?;
+        let mut pp = SingleQp {
+            qp,
+            cq,
+            channel,
+            recv_pool,
+            routs: 0,
+            send_buf,
+            size: cfg.size,
+            rx_depth: cfg.rx_depth,
+            inline,
+            recv_offset,
+            ud: None,
+            check: Checker::new(cfg.validate),
+        };
+        pp.post_initial_recvs()?;
+        if pp.channel.is_some() {
+            pp.cq
+                .req_notify(false)
+                .or_fail("Couldn't request CQ notification")?;
+        }
+        Ok(pp)
+    }
+
     /// `pp_post_recv(ctx, n)`.
     pub fn post_recvs(&mut self, n: usize) -> usize {
         let qp = &mut self.qp;
@@ -972,18 +1023,19 @@ mod tests {
     }
 }
 
-/// The address vector to the peer `dest`, as `pp_connect_ctx` builds it: a
-/// GRH (hop limit 1) when the peer sent a GID, which needs `-g`.
-pub fn peer_av(cfg: &Config, dest: &Endpoint) -> Res<AddressVector> {
+/// The address vector to a peer at `lid` (and `gid`), as `pp_connect_ctx`
+/// builds it: a GRH (hop limit 1) when the peer sent a GID, which needs
+/// `-g`. `fail` is the C program's message for this step.
+pub fn peer_av(cfg: &Config, lid: u16, gid: Gid, fail: &str) -> Res<AddressVector> {
     let mut av = AddressVector::new(cfg.ib_port)
-        .dlid(dest.lid)
+        .dlid(lid)
         .sl(cfg.sl)
-        .or_fail("Failed to modify QP to RTR")?;
-    if dest.gid.interface_id() != 0 {
-        let sgid = cfg.gidx.ok_or(
-            "Failed to modify QP to RTR (the peer sent a GID but no local GID index was given: use -g)",
-        )?;
-        av = av.global(GlobalRoute::new(dest.gid, sgid).hop_limit(1));
+        .or_fail(fail)?;
+    if gid.interface_id() != 0 {
+        let sgid = cfg.gidx.ok_or_else(|| {
+            format!("{fail} (the peer sent a GID but no local GID index was given: use -g)")
+        })?;
+        av = av.global(GlobalRoute::new(gid, sgid).hop_limit(1));
     }
     Ok(av)
 }
@@ -999,51 +1051,12 @@ pub fn run_connected(cfg: Config, qp_type: QpType, connect: ConnectFn) -> Res<()
 
     // pp_init_ctx
     let ctx = open_device(cfg.ib_devname.as_deref())?;
-    let channel = create_channel(&ctx, cfg.use_event)?;
-    let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-    let recv_pool = alloc_buffers(&pd, cfg.rx_depth, cfg.size, 0x7b)?;
-    let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
-    let cq = create_cq(&ctx, cfg.rx_depth + 1, channel.as_ref())?;
-    let caps = QpCaps {
-        max_send_wr: 1,
-        max_recv_wr: cfg.rx_depth as u32,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let mut qp = pd
-        .create_qp(&QpInitAttr::new(qp_type, &cq, &cq).caps(caps))
-        .or_fail("Couldn't create QP")?;
-    let inline = qp.caps().max_inline_data as usize >= cfg.size;
-    qp.modify(
-        &QpAttr::new()
-            .state(QpState::Init)
-            .pkey_index(0)
-            .port(cfg.ib_port)
-            .access_flags(AccessFlags::empty()),
-    )
-    .or_fail("Failed to modify QP to INIT")?;
-
-    let mut pp = SingleQp {
-        qp,
-        cq,
-        channel,
-        recv_pool,
-        routs: 0,
-        send_buf,
-        size: cfg.size,
-        rx_depth: cfg.rx_depth,
-        inline,
-        recv_offset: 0,
-        ud: None,
-        check: Checker::new(cfg.validate),
-    };
-    pp.post_initial_recvs()?;
-    if pp.channel.is_some() {
-        pp.cq
-            .req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
-    }
+    let init = QpAttr::new()
+        .state(QpState::Init)
+        .pkey_index(0)
+        .port(cfg.ib_port)
+        .access_flags(AccessFlags::empty());
+    let mut pp = SingleQp::init(&ctx, &cfg, qp_type, init, 0)?;
 
     let portinfo = ctx
         .query_port(cfg.ib_port)
