@@ -215,29 +215,14 @@ impl SharedReceiveQueue {
         let rc =
             unsafe { sys::ibv_post_srq_recv(self.as_ptr(), p.recv_wrs.as_mut_ptr(), &mut bad) };
         let posted = crate::qp::post_internal::posted_count(rc, bad, &p.recv_wrs, n);
-        let mut back = Vec::new();
-        for (i, mut wr) in reqs.drain().enumerate() {
-            if i < posted {
-                let index = p.free.pop().expect("checked: enough free slots");
-                p.slots[index as usize] = Some(Slot {
-                    wr_id: wr.wr_id,
-                    generation,
-                    chunks: wr.sges.take(),
-                });
-            } else {
-                wr.sges.drain_into(&mut back);
-            }
-        }
-        if rc == 0 {
-            Ok(())
-        } else {
-            let errno = if rc > 0 { rc } else { libc::EINVAL };
-            Err(crate::qp::post_internal::fail(
-                Error::Verb { verb: VERB, errno },
-                posted,
-                back,
-            ))
-        }
+        reqs.settle(rc, posted, VERB, |_, mut wr| {
+            let index = p.free.pop().expect("checked: enough free slots");
+            p.slots[index as usize] = Some(Slot {
+                wr_id: wr.wr_id,
+                generation,
+                chunks: wr.sges.take(),
+            });
+        })
     }
 
     /// Hands back the receive that `wc` (a completion of any QP using this

@@ -35,7 +35,7 @@ mod post;
 
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
-    pub(crate) use super::post::{build_recv_chain, check_recv, fail, posted_count, Batch};
+    pub(crate) use super::post::{build_recv_chain, check_recv, posted_count, Batch};
 }
 mod query;
 mod table;

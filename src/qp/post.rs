@@ -477,7 +477,7 @@ impl Pending {
     }
 }
 
-pub(crate) fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
+fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
     PostError {
         error,
         posted,
@@ -748,26 +748,16 @@ impl QueuePair {
         // SAFETY: a live QP and a valid chain over memory that outlives it (above).
         let rc = unsafe { sys::ibv_post_send(qp, p.send_wrs.as_mut_ptr(), &mut bad) };
         let posted = posted_count(rc, bad, &p.send_wrs, n);
-        let mut back = Vec::new();
-        for (i, mut wr) in reqs.drain().enumerate() {
-            if i < posted {
-                p.send.push_back(SendSlot {
-                    seq: first_seq + i as u64,
-                    wr_id: wr.wr_id,
-                    chunks: wr.sges.take(),
-                    _ah: wr.ud.take().map(|u| u.0),
-                });
-            } else {
-                wr.sges.drain_into(&mut back);
-            }
-        }
         p.next_send = first_seq + posted as u64;
-        if rc == 0 {
-            Ok(())
-        } else {
-            let errno = if rc > 0 { rc } else { libc::EINVAL };
-            Err(fail(Error::Verb { verb: VERB, errno }, posted, back))
-        }
+        let ring = &mut p.send;
+        reqs.settle(rc, posted, VERB, |i, mut wr| {
+            ring.push_back(SendSlot {
+                seq: first_seq + i as u64,
+                wr_id: wr.wr_id,
+                chunks: wr.sges.take(),
+                _ah: wr.ud.take().map(|u| u.0),
+            })
+        })
     }
 
     /// Posts a chain of receive requests with one `ibv_post_recv` call.
@@ -814,25 +804,15 @@ impl QueuePair {
         // and `sges`, naming chunks that move into the ring below.
         let rc = unsafe { sys::ibv_post_recv(qp, p.recv_wrs.as_mut_ptr(), &mut bad) };
         let posted = posted_count(rc, bad, &p.recv_wrs, n);
-        let mut back = Vec::new();
-        for (i, mut wr) in reqs.drain().enumerate() {
-            if i < posted {
-                p.recv.push_back(RecvSlot {
-                    seq: first_seq + i as u64,
-                    wr_id: wr.wr_id,
-                    chunks: wr.sges.take(),
-                });
-            } else {
-                wr.sges.drain_into(&mut back);
-            }
-        }
         p.next_recv = first_seq + posted as u64;
-        if rc == 0 {
-            Ok(())
-        } else {
-            let errno = if rc > 0 { rc } else { libc::EINVAL };
-            Err(fail(Error::Verb { verb: VERB, errno }, posted, back))
-        }
+        let ring = &mut p.recv;
+        reqs.settle(rc, posted, VERB, |i, mut wr| {
+            ring.push_back(RecvSlot {
+                seq: first_seq + i as u64,
+                wr_id: wr.wr_id,
+                chunks: wr.sges.take(),
+            })
+        })
     }
 
     /// Posts a raw chain of send requests, bypassing the buffer ownership of
@@ -990,6 +970,31 @@ impl<T: HasSges> Batch<T> {
             .iter_mut()
             .filter_map(Option::take)
             .chain(self.more.drain(..))
+    }
+
+    /// After the post call: the first `posted` requests are the device's
+    /// now and go to `keep`; the others' chunks go back in the error.
+    pub(crate) fn settle(
+        &mut self,
+        rc: c_int,
+        posted: usize,
+        verb: &'static str,
+        mut keep: impl FnMut(usize, T),
+    ) -> Result<(), PostError> {
+        let mut back = Vec::new();
+        for (i, mut wr) in self.drain().enumerate() {
+            if i < posted {
+                keep(i, wr);
+            } else {
+                wr.sges_mut().drain_into(&mut back);
+            }
+        }
+        if rc == 0 {
+            Ok(())
+        } else {
+            let errno = if rc > 0 { rc } else { libc::EINVAL };
+            Err(fail(Error::Verb { verb, errno }, posted, back))
+        }
     }
 
     /// A refusal before any call: every request's chunks go back.
