@@ -263,12 +263,20 @@ fn check_values(
     let mask = attr.mask();
     let raw = attr.raw();
 
+    // Several checks look at the same port: query each port once.
+    let queried: std::cell::RefCell<Vec<(u8, PortAttr)>> = Default::default();
     let port_attr = |flag: M, port: u8| -> Result<PortAttr, ModifyError> {
         if let Some(reason) = ctx.port_problem(port) {
             return Err(value_err(flag, reason));
         }
-        ctx.query_port(port)
-            .map_err(|e| value_err(flag, format!("cannot query port {port}: {e}")))
+        if let Some((_, pa)) = queried.borrow().iter().find(|(p, _)| *p == port) {
+            return Ok(pa.clone());
+        }
+        let pa = ctx
+            .query_port(port)
+            .map_err(|e| value_err(flag, format!("cannot query port {port}: {e}")))?;
+        queried.borrow_mut().push((port, pa.clone()));
+        Ok(pa)
     };
     // The port the QP uses after this modify.
     let port = attr.get_port().or(qp.port);
