@@ -1,0 +1,3 @@
+use crate::common::TestFn;
+
+pub const TESTS: &[(&str, TestFn)] = &[];

@@ -1,0 +1,18 @@
+//! Adversarial device tests: each tries to break one promise of the safe
+//! API from safe code only (no `unsafe` in this test binary), on a real
+//! device (soft-RoCE in the VM run). One test per class of issue 7.
+#![forbid(unsafe_code)]
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+
+mod data;
+mod gid;
+
+fn main() -> std::process::ExitCode {
+    let mut tests = Vec::new();
+    tests.extend_from_slice(data::TESTS);
+    tests.extend_from_slice(gid::TESTS);
+    common::run("adversarial", &tests)
+}
