@@ -56,6 +56,26 @@ pub enum Error {
     /// or port cannot take. Nothing was sent to the device.
     #[error("{0}")]
     Modify(#[from] crate::qp::ModifyError),
+    /// A work request was refused before the call because the queue pair's
+    /// known state does not take it (sends below RTS, receives in RESET or
+    /// ERR). Nothing was posted; the request's chunks come back with the
+    /// error.
+    #[error("{verb} refused: the QP is in {}; {needs}", .state.short_name())]
+    QpState {
+        /// The C function the post would have gone to.
+        verb: &'static str,
+        /// The QP's known state ([`QueuePair::state`](crate::QueuePair::state)).
+        state: crate::qp::QpState,
+        /// What the post needs, e.g. `"sends need RTS, SQD, SQE or ERR"`.
+        needs: &'static str,
+    },
+    /// The process used up the work request numbers this crate hands out
+    /// (2^62 of them): no further posts are possible.
+    #[error("{verb} refused: the process has used up all 2^62 work request tags")]
+    TagsExhausted {
+        /// The C function the post would have gone to.
+        verb: &'static str,
+    },
     /// No device of that name exists.
     #[error("no RDMA device named {0:?}")]
     DeviceNotFound(String),
@@ -104,7 +124,10 @@ impl Error {
     /// The name of the C function involved, when there is one.
     pub fn verb(&self) -> Option<&'static str> {
         match self {
-            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } => Some(verb),
+            Error::Verb { verb, .. }
+            | Error::InvalidArgument { verb, .. }
+            | Error::QpState { verb, .. }
+            | Error::TagsExhausted { verb } => Some(verb),
             Error::Unexpected { verb, .. } => Some(verb),
             _ => None,
         }
@@ -122,9 +145,11 @@ impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {
             Error::Verb { errno, .. } => io::Error::from_raw_os_error(*errno).kind(),
-            Error::InvalidArgument { .. } | Error::OutOfRange { .. } | Error::Modify(_) => {
-                io::ErrorKind::InvalidInput
-            }
+            Error::InvalidArgument { .. }
+            | Error::OutOfRange { .. }
+            | Error::Modify(_)
+            | Error::QpState { .. } => io::ErrorKind::InvalidInput,
+            Error::TagsExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
             Error::InUse { .. } => io::ErrorKind::ResourceBusy,

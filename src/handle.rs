@@ -72,6 +72,19 @@ impl<T: RawObject, K> Owned<T, K> {
         result
     }
 
+    /// Destroys the object now and hands back what it kept alive; on
+    /// failure that is leaked with the object, as in [`close`](Self::close).
+    pub(crate) fn into_keep(self) -> Result<K> {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `ptr` is live and owned by `this`; `Drop` will not run
+        // (ManuallyDrop), so it is destroyed exactly once, here.
+        let rc = unsafe { T::destroy(this.ptr.as_ptr()) };
+        check_rc(T::DESTROY, rc)?;
+        // SAFETY: the object is gone; `keep` is taken once and `this` is
+        // never used again (and never dropped).
+        Ok(unsafe { ManuallyDrop::take(&mut this.keep) })
+    }
+
     /// Destroys the object now and reports failure.
     pub(crate) fn close(self) -> Result<()> {
         let mut this = ManuallyDrop::new(self);
@@ -101,8 +114,12 @@ pub(crate) fn close_shared<T: RawObject, K>(arc: Arc<Owned<T, K>>) -> Result<()>
 // Threads. verbs(7): "This library is a thread safe library and verbs can be
 // called from every thread in the process. The same resource can even be
 // handled from different threads"; ibv_alloc_td(3): "By default all verbs
-// objects are safe for multi-threaded access" (this crate never creates thread
-// domains, which are what turn that locking off).
+// objects are safe for multi-threaded access". Two things can turn that
+// locking off, and the crate rules both out: thread domains (`ibv_alloc_td`),
+// which it never creates; and a provider's environment switch
+// (`MLX5_SINGLE_THREADED=1` and the like), with which every context open is
+// refused (`context::PROVIDER_LOCK_SWITCHES`, checked in
+// `Context::from_device`, the one path to `ibv_open_device`).
 // SAFETY: by the above, any thread may use and destroy the object; `Owned`
 // destroys it exactly once, and `K` moves with it, hence `K: Send`.
 unsafe impl<T: RawObject, K: Send> Send for Owned<T, K> {}

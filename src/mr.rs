@@ -383,8 +383,10 @@ impl Chunk {
         unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 
-    pub(crate) fn pd_handle(&self) -> u32 {
-        self.mr.keep().0.handle()
+    /// The protection domain's object: unique among live PDs of every
+    /// context (kernel PD handles restart at 0 in each context).
+    pub(crate) fn pd_ptr(&self) -> *mut sys::ibv_pd {
+        self.mr.keep().0.as_ptr()
     }
 
     /// Whether `other` is a chunk of the same region.

@@ -7,19 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::cq::WorkCompletion;
 use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
-use crate::mr::Chunk;
 use crate::pd::ProtectionDomain;
+use crate::qp::post_internal::{check_recv, post_recv_chain, Batch, Chunks, Kind, Ledger};
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
 
-const INDEX_BITS: u32 = 24;
-const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
-
-/// A generation never handed out before in this process.
-fn next_generation() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & ((1 << (64 - INDEX_BITS)) - 1)
-}
+/// The most receives an SRQ of this crate holds (the device may allow more).
+const MAX_WR: u32 = 1 << 24;
 
 impl RawObject for sys::ibv_srq {
     const DESTROY: &'static str = "ibv_destroy_srq";
@@ -30,19 +24,11 @@ impl RawObject for sys::ibv_srq {
     }
 }
 
-struct Slot {
-    wr_id: u64,
-    generation: u64,
-    chunks: [Option<Chunk>; MAX_SGE],
-}
-
-/// Outstanding receives of an SRQ: a slab indexed by the low 24 bits of the
-/// wr_id handed to the device, with a generation in the high 40 bits. Each
-/// post call takes a generation from one process-wide counter, so a stale
-/// completion, or one of another SRQ or device, never matches a slot.
+/// Outstanding receives of an SRQ, keyed by tag (see the data path's
+/// module docs): a completion is accepted once, and only with a stamp this
+/// SRQ issued; and scratch space for building chains.
 struct SrqPending {
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
+    ledger: Ledger<Chunks>,
     recv_wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
 }
@@ -94,7 +80,7 @@ impl SharedReceiveQueue {
                 errno: None,
             });
         }
-        let wr_max = dev.max_srq_wr.min(INDEX_MASK as u32);
+        let wr_max = dev.max_srq_wr.min(MAX_WR);
         if max_wr == 0 || max_wr > wr_max {
             return Err(Error::invalid(
                 VERB,
@@ -124,13 +110,12 @@ impl SharedReceiveQueue {
         };
         // SAFETY: the PD is live; `attr` is a valid in/out struct.
         let raw = check_ptr(VERB, unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) })?;
-        let slots = attr.attr.max_wr.clamp(max_wr, INDEX_MASK as u32) as usize;
+        let slots = attr.attr.max_wr.clamp(max_wr, MAX_WR) as usize;
         let keep = SrqKeep {
             pd: pd.clone(),
             max_sge: attr.attr.max_sge.max(max_sge),
             pending: Mutex::new(SrqPending {
-                slots: (0..slots).map(|_| None).collect(),
-                free: (0..slots as u32).rev().collect(),
+                ledger: Ledger::new(Kind::Srq, slots),
                 recv_wrs: Vec::new(),
                 sges: Vec::new(),
             }),
@@ -164,86 +149,105 @@ impl SharedReceiveQueue {
 
     /// How many receives are outstanding.
     pub fn outstanding(&self) -> usize {
-        let p = self.pending();
-        p.slots.len() - p.free.len()
+        self.pending().ledger.len()
     }
 
     /// Posts a chain of receives with one `ibv_post_srq_recv` call.
+    ///
+    /// Refused before the call, with every chunk handed back: more entries
+    /// than the SRQ's `max_sge`, chunks of another PD, more receives than
+    /// there is room for. An empty iterator posts nothing and calls nothing.
+    /// If the provider fails, the SRQ keeps every receive of the call (see
+    /// [`PostError`]).
     #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv<I>(&self, wrs: I) -> Result<(), PostError>
     where
         I: IntoIterator<Item = RecvWr>,
     {
         const VERB: &str = "ibv_post_srq_recv";
-        let mut reqs = crate::qp::post_internal::Batch::new();
+        let mut reqs = Batch::new();
         let keep = self.inner.keep();
         let mut error = None;
         for wr in wrs {
             if error.is_none() {
-                error = crate::qp::post_internal::check_recv(
-                    &wr,
-                    keep.max_sge as usize,
-                    keep.pd.handle(),
-                    VERB,
-                )
-                .err();
+                error = check_recv(&wr, keep.max_sge as usize, keep.pd.as_ptr(), VERB).err();
             }
             reqs.push(wr);
         }
         let n = reqs.len();
+        if n == 0 {
+            return Ok(());
+        }
         let mut p = self.pending();
-        if error.is_none() && n > p.free.len() {
+        let room = p.ledger.room();
+        if error.is_none() && n > room {
             error = Some(Error::invalid(
                 VERB,
-                format!("{n} receive(s) but only {} free slots", p.free.len()),
+                format!("{n} receive(s) but the SRQ has room for {room}"),
             ));
         }
         if let Some(e) = error {
             return Err(reqs.refuse(e));
         }
-        let generation = next_generation();
-        let free_len = p.free.len();
-        // The slots the chain uses: the last `n` entries of the free list, in
-        // the order `pop` will hand them out below.
+        let srq = self.as_ptr();
         let p = &mut *p;
-        let free = &p.free;
-        let id_of = |i: usize| (generation << INDEX_BITS) | u64::from(free[free_len - 1 - i]);
-        crate::qp::post_internal::build_recv_chain(&mut p.recv_wrs, &mut p.sges, &reqs, id_of);
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: the SRQ is live; a NULL-terminated chain into the scratch
-        // vectors, naming chunks that move into the slab below.
-        let rc =
-            unsafe { sys::ibv_post_srq_recv(self.as_ptr(), p.recv_wrs.as_mut_ptr(), &mut bad) };
-        let posted = crate::qp::post_internal::posted_count(rc, bad, &p.recv_wrs, n);
-        reqs.settle(rc, posted, VERB, |_, mut wr| {
-            let index = p.free.pop().expect("checked: enough free slots");
-            p.slots[index as usize] = Some(Slot {
-                wr_id: wr.wr_id,
-                generation,
-                chunks: wr.sges.take(),
-            });
-        })
+        post_recv_chain(
+            VERB,
+            &mut p.ledger,
+            &mut p.recv_wrs,
+            &mut p.sges,
+            &mut reqs,
+            |chain, bad| {
+                // SAFETY: the SRQ is live; a NULL-terminated chain into the
+                // scratch vectors (under the mutex), naming chunks the ledger holds.
+                unsafe { sys::ibv_post_srq_recv(srq, chain, bad) }
+            },
+        )
     }
 
-    /// Hands back the receive that `wc` (a completion of any QP using this
-    /// SRQ) ends; returns 1, or 0 when `wc` is not one of this SRQ's.
-    pub fn reclaim(&self, wc: &WorkCompletion, mut f: impl FnMut(Completed)) -> usize {
-        let id = wc.wr_id();
-        let (index, generation) = ((id & INDEX_MASK) as usize, id >> INDEX_BITS);
-        let mut p = self.pending();
-        let hit = matches!(p.slots.get(index), Some(Some(s)) if s.generation == generation);
-        if !hit {
-            return 0;
+    /// Hands back the receive that `wc` ends (a completion of any QP using
+    /// this SRQ); returns 1, or 0 when `wc` is not one of this SRQ's
+    /// outstanding receives (another queue's, or already reclaimed).
+    pub fn reclaim(&self, wc: &WorkCompletion, f: impl FnMut(Completed)) -> usize {
+        self.reclaim_tag(wc.wr_id(), f)
+    }
+
+    pub(crate) fn reclaim_tag(&self, tag: u64, mut f: impl FnMut(Completed)) -> usize {
+        let mut released = None;
+        let n = self.pending().ledger.complete(tag, |r| released = Some(r));
+        // `f` runs outside the lock, so it may post to this SRQ again.
+        if let Some(r) = released {
+            f(Completed {
+                wr_id: r.wr_id,
+                signaled: r.own,
+                chunks: r.payload,
+            });
         }
-        let slot = p.slots[index].take().expect("checked");
-        p.free.push(index as u32);
-        drop(p);
-        f(Completed {
-            wr_id: slot.wr_id,
-            signaled: true,
-            chunks: slot.chunks,
+        n
+    }
+
+    /// Destroys the SRQ now and hands back every receive it still held.
+    ///
+    /// Fails with [`Error::InUse`] while clones or QPs still use it (then
+    /// nothing changes). On a failed destroy the SRQ still exists on the
+    /// device, so its receives' chunks are leaked with it.
+    #[doc(alias = "ibv_destroy_srq")]
+    pub fn close_and_reclaim(self) -> Result<Vec<Completed>> {
+        let owned = Arc::try_unwrap(self.inner).map_err(|arc| Error::InUse {
+            object: "shared receive queue",
+            users: Arc::strong_count(&arc) - 1,
+        })?;
+        let keep = owned.into_keep()?;
+        let mut p = keep.pending.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        p.ledger.drain(|r| {
+            out.push(Completed {
+                wr_id: r.wr_id,
+                signaled: false,
+                chunks: r.payload,
+            })
         });
-        1
+        Ok(out)
     }
 
     /// Arms the limit event: when fewer than `limit` receives remain, the

@@ -29,13 +29,15 @@
 
 mod attr;
 mod connect;
+mod ledger;
 mod mask;
 mod modify;
 mod post;
 
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
-    pub(crate) use super::post::{build_recv_chain, check_recv, posted_count, Batch};
+    pub(crate) use super::ledger::{Kind, Ledger};
+    pub(crate) use super::post::{check_recv, post_recv_chain, Batch, Chunks};
 }
 mod query;
 mod table;
@@ -398,6 +400,12 @@ impl QueuePair {
 
     pub(crate) fn pending_mut(&mut self) -> &mut post::Pending {
         &mut self.inner.keep_mut().pending
+    }
+
+    /// Destroys the QP and returns its outstanding requests' bookkeeping.
+    fn into_keep(self) -> Result<post::Pending> {
+        let keep = self.inner.into_keep()?;
+        Ok(*keep.pending)
     }
 
     /// Destroys the QP now, reporting failure.

@@ -101,8 +101,9 @@ impl QueuePair {
             if to == QpState::Reset {
                 self.port = None;
                 // RESET discards outstanding requests without completions:
-                // the device no longer uses their buffers.
-                self.pending_mut().clear();
+                // the device no longer uses their buffers, which go to
+                // `take_released` for the caller.
+                self.pending_mut().release_all();
             }
         }
         if let Some(p) = attr.get_port() {

@@ -4,46 +4,86 @@
 //!
 //! The device reads and writes posted memory behind the compiler's back, so
 //! safe code must never be able to touch (or free) memory while a work
-//! request that names it is outstanding. This module makes that a matter of
-//! ownership, as io_uring bindings do:
+//! request that names it may still be used by the device. This module makes
+//! that a matter of ownership, as io_uring bindings do:
 //!
 //! * buffers are [`Chunk`]s: owned, disjoint pieces of a registered region;
 //! * [`SendWr`] and [`RecvWr`] take their chunks *by value*; posting moves
-//!   them into the queue pair's table of outstanding requests, where no Rust
+//!   them into the queue's ledger of outstanding requests, where no Rust
 //!   code can reach them;
-//! * [`QueuePair::reclaim`] hands them back with the completion that ends
-//!   the request, successful or flushed. A signalled send completion also
-//!   ends every unsignalled send posted before it (send queues complete in
-//!   order), so those chunks come back with it;
-//! * dropping the QP destroys it first, which stops the device, and only
-//!   then frees what was outstanding; should destruction fail, the chunks
-//!   are leaked rather than freed under the device. Moving the QP to RESET
-//!   discards outstanding requests without completions, so their chunks are
-//!   dropped then.
+//! * they come back only once the device is provably done with them:
+//!   [`QueuePair::reclaim`] with the completion that ends the request
+//!   (successful, failed or flushed; a send completion also ends every
+//!   earlier send, as send queues complete in order), or
+//!   [`QueuePair::reset`] / [`QueuePair::take_released`] after a move to
+//!   RESET, or [`QueuePair::close_and_reclaim`] after the QP is destroyed.
+//!   Dropping the QP destroys it first and only then drops what was
+//!   outstanding; should destruction fail, the chunks are leaked rather
+//!   than freed under the device.
+//!
+//! # Why a completion cannot hand back a buffer in use
+//!
+//! Every `wr_id` the safe path hands the device is a *tag*: two bits for
+//! the kind of queue (a QP's send queue, a QP's receive queue, an SRQ) and
+//! a 62-bit stamp that no other request of the process ever gets (stamps
+//! come in blocks from one process-wide counter, a block belongs to one
+//! queue for good, and the counter refuses to wrap). A queue accepts a
+//! completion only if the tag's kind is its own and the stamp is exactly
+//! that of a request it still holds, and then forgets the stamp. So a
+//! completion of another QP, SRQ, device or context, of a QP destroyed
+//! before, one reclaimed already, or one from before a RESET, ends nothing,
+//! and `reclaim` routes by the kind (an SRQ tag goes to the QP's SRQ),
+//! never by trying one table and then another. [`WorkCompletion`]s cannot
+//! be made up in safe code except as all-zero (tag `0`, which is never
+//! issued). The bookkeeping is a pure module with a randomized
+//! state-machine test against a model.
+//!
+//! # A failed post proves nothing
+//!
+//! A provider may queue a request and still report failure (rxe writes a
+//! send into its ring, then fails the doorbell below RTS). So when
+//! `ibv_post_send`/`ibv_post_recv` fail, every request of the call stays
+//! in the ledger ("in doubt", counted in [`PostError::posted`]) until a
+//! completion, a RESET or the QP's destruction proves the device is done;
+//! nothing is handed back early. To keep that rare, what the verbs forbid
+//! is refused *before* the call, with the chunks handed back in the error:
+//! sends below RTS and receives in RESET or ERR (from the known
+//! [`state`](QueuePair::state)), empty calls (the provider is never asked),
+//! more requests than the queue has room for, entry counts, inline sizes,
+//! operations the transport lacks, chunks and address handles of another
+//! protection domain.
 //!
 //! Chunks are never taken from a region that peers may write
 //! (`REMOTE_WRITE`, `REMOTE_ATOMIC`): such memory is only reachable by copy
 //! ([`MemoryRegion::read`](crate::MemoryRegion::read) and
 //! [`write`](crate::MemoryRegion::write)), never as a Rust slice. Inline
 //! data is copied by the provider during the post, so it is borrowed only
-//! for the call. Remote addresses (`RemoteAddr`) are numbers naming the
+//! for the call. Remote addresses ([`RemoteAddr`]) are numbers naming the
 //! peer's memory, which the peer's own registration protects.
 //!
-//! The table is allocated when the QP is created (one slot per work request
-//! the queues hold), and a chain of requests is built in scratch space the
-//! QP keeps, then handed to the provider in one call: in steady state,
-//! posting and reclaiming allocate nothing.
+//! The ledgers are allocated when the QP is created (room for every work
+//! request the queues hold), and a chain of requests is built in scratch
+//! space the QP keeps, then handed to the provider in one call: in steady
+//! state, posting and reclaiming allocate nothing.
 //!
-//! For expert use the raw path remains: [`QueuePair::post_send_raw`] and
-//! [`QueuePair::post_recv_raw`] are `unsafe`, and their caller keeps the
-//! buffers alive.
+//! # The raw path
+//!
+//! [`QueuePair::post_send_raw`] and [`QueuePair::post_recv_raw`] are
+//! `unsafe`: their caller promises what the ledger proves on the safe
+//! path. The memory every entry names stays allocated and is not touched
+//! by Rust in a way that conflicts with the device until the request's
+//! completion was polled or the QP was reset or destroyed (and a failed
+//! post does not end that promise); and those completions, which carry the
+//! caller's own `wr_id`s, are never given to [`QueuePair::reclaim`]. The
+//! two paths may share a QP; a raw `wr_id` whose top two bits are not `00`
+//! could then be taken for a tag, which is why the promise is needed.
 
-use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::fmt;
 
+use super::ledger::{Kind, Ledger};
 use super::values::{QKey, QpNum};
-use super::{QpCaps, QpType, QueuePair};
+use super::{QpCaps, QpState, QpType, QueuePair};
 use crate::ah::AddressHandle;
 use crate::cq::WorkCompletion;
 use crate::error::{Error, Result};
@@ -53,31 +93,8 @@ use crate::sys;
 /// The most scatter/gather entries one work request of the safe API takes.
 pub const MAX_SGE: usize = 4;
 
-const RECV_BIT: u64 = 1 << 63;
-
-/// Each QP numbers its requests from a range of its own, taken from one
-/// process-wide counter, so that no two QPs (of any device) ever hand the
-/// device the same `wr_id`. [`QueuePair::reclaim`] then only accepts a
-/// `wr_id` it issued itself: a completion of another QP, of a QP destroyed
-/// before, or of another device cannot give back a buffer still in use.
-const RANGE: u64 = 1 << 36;
-
-/// A fresh, never used range start (ranges go up; 2^27 of them fit below
-/// the receive bit).
-fn fresh_range() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(RANGE);
-    NEXT.fetch_add(RANGE, std::sync::atomic::Ordering::Relaxed) & !RECV_BIT
-}
-
-/// The first sequence number of a chain of `n`, moving to a fresh range
-/// when the current one cannot hold it.
-fn take_seqs(next: &mut u64, range_start: &mut u64, n: usize) -> u64 {
-    if *next + n as u64 > *range_start + RANGE {
-        *range_start = fresh_range();
-        *next = *range_start;
-    }
-    *next
-}
+/// A request's chunks, in scatter/gather order.
+pub(crate) type Chunks = [Option<Chunk>; MAX_SGE];
 
 /// Where in a peer's memory an RDMA or atomic operation goes: the address
 /// and rkey of the peer's registered region (as the peer announced them).
@@ -162,11 +179,12 @@ impl SendOp {
 
 /// Scatter/gather entries: chunks with the number of bytes to use of each.
 pub(crate) struct Sges {
-    chunks: [Option<Chunk>; MAX_SGE],
+    chunks: Chunks,
     lens: [u32; MAX_SGE],
     n: usize,
-    /// A chunk beyond `MAX_SGE` or longer than it is, refused at post time.
-    overflow: Option<Chunk>,
+    /// Chunks beyond `MAX_SGE`, or given with a length past their end: kept
+    /// (never dropped) so that the refusal at post time hands them back.
+    overflow: Vec<Chunk>,
 }
 
 impl Sges {
@@ -175,20 +193,20 @@ impl Sges {
             chunks: Default::default(),
             lens: [0; MAX_SGE],
             n: 0,
-            overflow: None,
+            overflow: Vec::new(),
         }
     }
 
     fn push(&mut self, chunk: Chunk, len: usize) {
         match u32::try_from(len) {
             Ok(len)
-                if self.n < MAX_SGE && len as usize <= chunk.len() && self.overflow.is_none() =>
+                if self.n < MAX_SGE && len as usize <= chunk.len() && self.overflow.is_empty() =>
             {
                 self.chunks[self.n] = Some(chunk);
                 self.lens[self.n] = len;
                 self.n += 1;
             }
-            _ => self.overflow = Some(chunk),
+            _ => self.overflow.push(chunk),
         }
     }
 
@@ -196,13 +214,24 @@ impl Sges {
         self.lens[..self.n].iter().map(|&l| u64::from(l)).sum()
     }
 
+    /// Appends a raw entry for each chunk to `out`.
+    fn raw_into(&self, out: &mut Vec<sys::ibv_sge>) {
+        for (c, &len) in self.chunks.iter().flatten().zip(&self.lens) {
+            out.push(sys::ibv_sge {
+                addr: c.addr(),
+                length: len,
+                lkey: c.lkey(),
+            });
+        }
+    }
+
     pub(crate) fn drain_into(&mut self, out: &mut Vec<Chunk>) {
         out.extend(self.chunks.iter_mut().filter_map(Option::take));
-        out.extend(self.overflow.take());
+        out.append(&mut self.overflow);
         self.n = 0;
     }
 
-    pub(crate) fn take(&mut self) -> [Option<Chunk>; MAX_SGE] {
+    pub(crate) fn take(&mut self) -> Chunks {
         self.n = 0;
         std::mem::take(&mut self.chunks)
     }
@@ -343,10 +372,13 @@ impl fmt::Debug for RecvWr {
 pub struct Completed {
     /// The caller's `wr_id`.
     pub wr_id: u64,
-    /// Whether this request produced the completion being reclaimed (rather
-    /// than being an earlier unsignalled send that it implies).
+    /// Whether this request is the one the completion being reclaimed
+    /// names. False for an earlier send that completion ends with it
+    /// (unsignalled, or signalled but not reclaimed yet), and for requests
+    /// handed back by a RESET or by destroying the queue, which may or may
+    /// not have run.
     pub signaled: bool,
-    pub(crate) chunks: [Option<Chunk>; MAX_SGE],
+    pub(crate) chunks: Chunks,
 }
 
 impl Completed {
@@ -371,12 +403,19 @@ impl fmt::Debug for Completed {
     }
 }
 
-/// A post that did not go through: the error, and the chunks of every
-/// request that was not posted (requests before the failing one were).
+/// A post that did not go through.
+///
+/// Either the crate refused it before calling the provider (`posted` is 0,
+/// and `returned` holds the chunks of every request of the call), or the
+/// provider failed: then it may have queued any of the requests anyway, so
+/// the queue keeps all of them (`posted` is the number of requests of the
+/// call, `returned` is empty) until a completion, a RESET or the QP's
+/// destruction hands them back.
 pub struct PostError {
     /// What went wrong.
     pub error: Error,
-    /// How many requests of the call were posted.
+    /// How many requests of the call the queue now holds (posted, or
+    /// possibly queued by a provider that then failed).
     pub posted: usize,
     /// The chunks of the requests that were not posted.
     pub returned: Vec<Chunk>,
@@ -394,11 +433,14 @@ impl fmt::Debug for PostError {
 
 impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({} request(s) posted before it)",
-            self.error, self.posted
-        )
+        match self.posted {
+            0 => write!(f, "{} (nothing posted)", self.error),
+            n => write!(
+                f,
+                "{} ({n} request(s) kept until a completion or RESET: the provider may have queued them)",
+                self.error
+            ),
+        }
     }
 }
 
@@ -415,29 +457,16 @@ impl From<PostError> for Error {
     }
 }
 
-struct SendSlot {
-    seq: u64,
-    wr_id: u64,
-    chunks: [Option<Chunk>; MAX_SGE],
-    _ah: Option<AddressHandle>,
-}
+/// What a send request lends the device: its chunks, and the address
+/// handle a UD send names.
+pub(crate) type SendLoan = (Chunks, Option<AddressHandle>);
 
-struct RecvSlot {
-    seq: u64,
-    wr_id: u64,
-    chunks: [Option<Chunk>; MAX_SGE],
-}
-
-/// Outstanding requests of one QP, and scratch space to build chains in.
+/// Outstanding requests of one QP, requests handed back by a RESET, and
+/// scratch space to build chains in.
 pub(crate) struct Pending {
-    send: VecDeque<SendSlot>,
-    recv: VecDeque<RecvSlot>,
-    send_cap: usize,
-    recv_cap: usize,
-    next_send: u64,
-    next_recv: u64,
-    send_range: u64,
-    recv_range: u64,
+    send: Ledger<SendLoan>,
+    recv: Ledger<Chunks>,
+    released: Vec<Completed>,
     send_wrs: Vec<sys::ibv_send_wr>,
     recv_wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
@@ -447,33 +476,44 @@ pub(crate) struct Pending {
 // during one post call on the thread making it, and are rewritten before
 // every use; everything else in `Pending` is `Send` already.
 unsafe impl Send for Pending {}
-// SAFETY: `Pending` is only reached through `&mut QueuePair`.
+// SAFETY: `Pending` is only reached through `&mut QueuePair` (and `&self`
+// readers only look at the ledgers' counts).
 unsafe impl Sync for Pending {}
 
 impl Pending {
     pub(crate) fn new(caps: &QpCaps) -> Self {
-        let send_cap = caps.max_send_wr as usize;
-        let recv_cap = caps.max_recv_wr as usize;
-        let (send_range, recv_range) = (fresh_range(), fresh_range());
         Pending {
-            send: VecDeque::with_capacity(send_cap),
-            recv: VecDeque::with_capacity(recv_cap),
-            send_cap,
-            recv_cap,
-            next_send: send_range,
-            next_recv: recv_range,
-            send_range,
-            recv_range,
+            send: Ledger::new(Kind::Send, caps.max_send_wr as usize),
+            recv: Ledger::new(Kind::Recv, caps.max_recv_wr as usize),
+            released: Vec::new(),
             send_wrs: Vec::new(),
             recv_wrs: Vec::new(),
             sges: Vec::new(),
         }
     }
 
-    /// Drops every outstanding request's buffers (after RESET or destroy).
-    pub(crate) fn clear(&mut self) {
-        self.send.clear();
-        self.recv.clear();
+    /// After a RESET: the device has forgotten every request, so they all
+    /// go to `released`, oldest first, sends before receives.
+    pub(crate) fn release_all(&mut self) {
+        let out = &mut self.released;
+        self.send
+            .drain(|r| out.push(completed(r.wr_id, false, r.payload.0)));
+        self.recv
+            .drain(|r| out.push(completed(r.wr_id, false, r.payload)));
+    }
+
+    /// Everything still held, for a destroyed QP: `released` first.
+    pub(crate) fn into_all(mut self) -> Vec<Completed> {
+        self.release_all();
+        self.released
+    }
+}
+
+fn completed(wr_id: u64, signaled: bool, chunks: Chunks) -> Completed {
+    Completed {
+        wr_id,
+        signaled,
+        chunks,
     }
 }
 
@@ -486,7 +526,8 @@ fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
 }
 
 impl QueuePair {
-    /// How many send requests are outstanding (posted, not yet reclaimed).
+    /// How many send requests are outstanding (posted, not yet reclaimed),
+    /// including those of a failed post that the provider may have queued.
     pub fn outstanding_sends(&self) -> usize {
         self.pending().send.len()
     }
@@ -533,17 +574,20 @@ impl QueuePair {
             _ => {}
         }
         if let Some((ah, _, _)) = &wr.ud {
-            if ah.pd().handle() != self.pd().handle() {
+            if ah.pd().as_ptr() != self.pd().as_ptr() {
                 return Err(Error::invalid(
                     VERB,
                     "the address handle belongs to another protection domain",
                 ));
             }
         }
-        if wr.sges.overflow.is_some() {
+        if !wr.sges.overflow.is_empty() {
             return Err(Error::invalid(
                 VERB,
-                format!("more than {MAX_SGE} entries, or an entry longer than its chunk"),
+                format!(
+                    "{} entries: more than {MAX_SGE}, or an entry longer than its chunk",
+                    wr.sges.n + wr.sges.overflow.len()
+                ),
             ));
         }
         if wr.sges.n > self.caps().max_send_sge as usize {
@@ -587,7 +631,7 @@ impl QueuePair {
             }
         }
         for chunk in wr.sges.chunks.iter().flatten() {
-            if chunk.pd_handle() != self.pd().handle() {
+            if chunk.pd_ptr() != self.pd().as_ptr() {
                 return Err(Error::invalid(
                     VERB,
                     "a chunk belongs to another protection domain",
@@ -627,12 +671,25 @@ impl QueuePair {
     /// Posts a chain of send requests with one `ibv_post_send` call.
     ///
     /// Each request's chunks move into the QP until [`reclaim`](Self::reclaim)
-    /// hands them back. Checked before the call: operations the QP type
-    /// cannot do, UD destinations, entry counts against `max_send_sge`,
-    /// inline sizes against `max_inline_data`, atomics' 8-byte entry and
-    /// alignment, chunks and address handles of another PD, and room in the
-    /// send queue; such a refusal posts nothing. Allocates nothing in steady
-    /// state.
+    /// (or a RESET, or destruction) hands them back. Refused before the
+    /// call, with every chunk handed back in the error: a QP whose known
+    /// [`state`](Self::state) is RESET, INIT or RTR (sends need RTS, SQD,
+    /// SQE or ERR), operations the QP type cannot do, UD destinations,
+    /// entry counts against `max_send_sge` and [`MAX_SGE`], inline sizes
+    /// against `max_inline_data`, atomics' 8-byte entry and alignment,
+    /// chunks and address handles of another PD, and no room in the send
+    /// queue. An empty iterator posts nothing and calls nothing. If the
+    /// provider fails, see [`PostError`]. Allocates nothing in steady state
+    /// (chains of up to eight requests).
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, chunk: rdma_verbs::Chunk) {
+    /// use rdma_verbs::qp::{SendOp, SendWr};
+    /// if let Err(e) = qp.post_send([SendWr::new(1, SendOp::Send).sge(chunk)]) {
+    ///     eprintln!("{e}; {} chunk(s) back", e.returned.len());
+    /// }
+    /// # }
+    /// ```
     #[doc(alias = "ibv_post_send")]
     pub fn post_send<'a, I>(&mut self, wrs: I) -> Result<(), PostError>
     where
@@ -640,7 +697,14 @@ impl QueuePair {
     {
         const VERB: &str = "ibv_post_send";
         let mut reqs = Batch::new();
-        let mut error = None;
+        let mut error = match self.state() {
+            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => None,
+            state => Some(Error::QpState {
+                verb: VERB,
+                state,
+                needs: "sends need RTS, SQD, SQE or ERR",
+            }),
+        };
         for wr in wrs {
             if error.is_none() {
                 error = self.check_send(&wr).err();
@@ -648,12 +712,16 @@ impl QueuePair {
             reqs.push(wr);
         }
         let n = reqs.len();
-        let (cap, outstanding) = (self.pending().send_cap, self.pending().send.len());
-        if error.is_none() && outstanding + n > cap {
+        if n == 0 {
+            return Ok(());
+        }
+        let room = self.pending().send.room();
+        if error.is_none() && n > room {
             error = Some(Error::invalid(
                 VERB,
                 format!(
-                    "{n} request(s) with {outstanding} outstanding exceed the send queue's {cap}"
+                    "{n} request(s) but the send queue has room for {room} ({} outstanding)",
+                    self.outstanding_sends()
                 ),
             ));
         }
@@ -662,108 +730,36 @@ impl QueuePair {
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
-        let first_seq = take_seqs(&mut p.next_send, &mut p.send_range, n);
-        p.send_wrs.clear();
-        p.sges.clear();
-        for (i, wr) in reqs.iter().enumerate() {
-            let sg_start = p.sges.len();
-            if let Some(data) = wr.inline {
-                p.sges.push(sys::ibv_sge {
-                    addr: data.as_ptr() as u64,
-                    length: data.len() as u32,
-                    lkey: 0,
-                });
-            } else {
-                for (c, &len) in wr.sges.chunks.iter().flatten().zip(&wr.sges.lens) {
-                    p.sges.push(sys::ibv_sge {
-                        addr: c.addr(),
-                        length: len,
-                        lkey: c.lkey(),
-                    });
-                }
-            }
-            let num_sge = p.sges.len() - sg_start;
-            let mut raw = sys::ibv_send_wr {
-                wr_id: first_seq + i as u64,
-                num_sge: num_sge as c_int,
-                opcode: wr.op.opcode(),
-                send_flags: wr.flags,
-                ..Default::default()
-            };
-            // sg_list and next are set below, once the vectors stop growing.
-            raw.sg_list = sg_start as *mut sys::ibv_sge;
-            match wr.op {
-                SendOp::Send => {}
-                SendOp::SendWithImm(imm) => raw.__bindgen_anon_1.imm_data = imm.to_be(),
-                SendOp::RdmaWrite(r) | SendOp::RdmaRead(r) => {
-                    raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                        remote_addr: r.addr,
-                        rkey: r.rkey,
-                    }
-                }
-                SendOp::RdmaWriteWithImm(r, imm) => {
-                    raw.__bindgen_anon_1.imm_data = imm.to_be();
-                    raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                        remote_addr: r.addr,
-                        rkey: r.rkey,
-                    };
-                }
-                SendOp::CompareSwap {
-                    remote,
-                    compare,
-                    swap,
-                } => {
-                    raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: remote.addr,
-                        compare_add: compare,
-                        swap,
-                        rkey: remote.rkey,
-                    }
-                }
-                SendOp::FetchAdd { remote, add } => {
-                    raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: remote.addr,
-                        compare_add: add,
-                        swap: 0,
-                        rkey: remote.rkey,
-                    }
-                }
-            }
-            if let Some((ah, qpn, qkey)) = &wr.ud {
-                raw.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-                    ah: ah.as_ptr(),
-                    remote_qpn: qpn.get(),
-                    remote_qkey: qkey.0,
-                };
-            }
-            p.send_wrs.push(raw);
-        }
-        link_chain(&mut p.send_wrs, &mut p.sges);
-        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // `send_wrs` is a NULL-terminated chain whose sg_lists point into
-        // `sges`, both unchanged until the call returns; every entry names a
-        // chunk this call owns (moved into the ring below before any
-        // completion can be reclaimed) or inline data borrowed for the call;
-        // UD entries name live address handles, kept in the ring.
-        // SAFETY: a live QP and a valid chain over memory that outlives it (above).
-        let rc = unsafe { sys::ibv_post_send(qp, p.send_wrs.as_mut_ptr(), &mut bad) };
-        let posted = posted_count(rc, bad, &p.send_wrs, n);
-        p.next_send = first_seq + posted as u64;
-        let ring = &mut p.send;
-        reqs.settle(rc, posted, VERB, |i, mut wr| {
-            ring.push_back(SendSlot {
-                seq: first_seq + i as u64,
-                wr_id: wr.wr_id,
-                chunks: wr.sges.take(),
-                _ah: wr.ud.take().map(|u| u.0),
-            })
-        })
+        post_chain(
+            VERB,
+            &mut p.send,
+            &mut p.send_wrs,
+            &mut p.sges,
+            &mut reqs,
+            raw_send,
+            |mut wr| (wr.wr_id, (wr.sges.take(), wr.ud.take().map(|u| u.0))),
+            |loan: SendLoan, out| out.extend(loan.0.into_iter().flatten()),
+            |chain, bad| {
+                // `chain` is a NULL-terminated chain whose sg_lists point
+                // into the scratch entries, both unchanged until the call
+                // returns; every entry names a chunk now held by the ledger
+                // (which keeps it until the device is provably done) or
+                // inline data borrowed for the call; UD entries name live
+                // address handles, kept in the ledger too.
+                // SAFETY: a live QP and a valid chain over memory that outlives its use (above).
+                unsafe { sys::ibv_post_send(qp, chain, bad) }
+            },
+        )
     }
 
     /// Posts a chain of receive requests with one `ibv_post_recv` call.
     ///
-    /// Refused before the call: more entries than `max_recv_sge`, chunks of
-    /// another PD, a QP that uses an SRQ, and no room in the receive queue.
+    /// Refused before the call, with every chunk handed back: a QP whose
+    /// known state is RESET or ERR (in ERR the verbs would flush the
+    /// receive, but rxe on Linux 6.1 never completes it), a QP that
+    /// receives through an SRQ, more entries than `max_recv_sge` or
+    /// [`MAX_SGE`], chunks of another PD, and no room in the receive queue.
+    /// An empty iterator posts nothing and calls nothing.
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv<I>(&mut self, wrs: I) -> Result<(), PostError>
     where
@@ -771,11 +767,20 @@ impl QueuePair {
     {
         const VERB: &str = "ibv_post_recv";
         let mut reqs = Batch::new();
-        let mut error = self
-            .uses_srq()
-            .then(|| Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ"));
+        let mut error = match self.state() {
+            state @ (QpState::Reset | QpState::Err) => Some(Error::QpState {
+                verb: VERB,
+                state,
+                needs: "receives need INIT, RTR, RTS, SQD or SQE",
+            }),
+            _ if self.uses_srq() => Some(Error::invalid(
+                VERB,
+                "the QP receives through its SRQ: post to the SRQ",
+            )),
+            _ => None,
+        };
         let max_sge = self.caps().max_recv_sge as usize;
-        let pd = self.pd().handle();
+        let pd = self.pd().as_ptr();
         for wr in wrs {
             if error.is_none() {
                 error = check_recv(&wr, max_sge, pd, VERB).err();
@@ -783,11 +788,17 @@ impl QueuePair {
             reqs.push(wr);
         }
         let n = reqs.len();
-        let (cap, outstanding) = (self.pending().recv_cap, self.pending().recv.len());
-        if error.is_none() && outstanding + n > cap {
+        if n == 0 {
+            return Ok(());
+        }
+        let room = self.pending().recv.room();
+        if error.is_none() && n > room {
             error = Some(Error::invalid(
                 VERB,
-                format!("{n} request(s) with {outstanding} outstanding exceed the receive queue's {cap}"),
+                format!(
+                    "{n} request(s) but the receive queue has room for {room} ({} outstanding)",
+                    self.outstanding_recvs()
+                ),
             ));
         }
         if let Some(e) = error {
@@ -795,24 +806,18 @@ impl QueuePair {
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
-        let first_seq = take_seqs(&mut p.next_recv, &mut p.recv_range, n);
-        build_recv_chain(&mut p.recv_wrs, &mut p.sges, &reqs, |i| {
-            (first_seq + i as u64) | RECV_BIT
-        });
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as in `post_send`: a NULL-terminated chain into `recv_wrs`
-        // and `sges`, naming chunks that move into the ring below.
-        let rc = unsafe { sys::ibv_post_recv(qp, p.recv_wrs.as_mut_ptr(), &mut bad) };
-        let posted = posted_count(rc, bad, &p.recv_wrs, n);
-        p.next_recv = first_seq + posted as u64;
-        let ring = &mut p.recv;
-        reqs.settle(rc, posted, VERB, |i, mut wr| {
-            ring.push_back(RecvSlot {
-                seq: first_seq + i as u64,
-                wr_id: wr.wr_id,
-                chunks: wr.sges.take(),
-            })
-        })
+        post_recv_chain(
+            VERB,
+            &mut p.recv,
+            &mut p.recv_wrs,
+            &mut p.sges,
+            &mut reqs,
+            |chain, bad| {
+                // SAFETY: as in `post_send`: a live QP, a NULL-terminated
+                // chain into the scratch vectors, naming chunks the ledger holds.
+                unsafe { sys::ibv_post_recv(qp, chain, bad) }
+            },
+        )
     }
 
     /// Posts a raw chain of send requests, bypassing the buffer ownership of
@@ -820,17 +825,19 @@ impl QueuePair {
     ///
     /// Completions of these requests carry the caller's own `wr_id`s; the
     /// caller handles them itself and never passes them to
-    /// [`reclaim`](Self::reclaim).
+    /// [`reclaim`](Self::reclaim). No state or size check is made.
     ///
     /// # Safety
     /// `wr` is a valid NULL-terminated chain; every `sg_list` entry names
     /// memory registered in this QP's PD that stays allocated, and is not
     /// accessed by Rust code in a way that conflicts with the device (no
     /// references to memory the device writes), until the request's
-    /// completion has been polled or the QP is destroyed or reset; UD
-    /// requests name address handles that outlive them; and the completions
-    /// of these requests are never passed to [`reclaim`](Self::reclaim)
-    /// (their `wr_id`s are the caller's, and could name the safe path's).
+    /// completion has been polled or the QP has been reset or destroyed,
+    /// *even if this call fails* (a provider may queue a request and still
+    /// report failure); UD requests name address handles that outlive them
+    /// likewise; and the completions of these requests are never passed to
+    /// [`reclaim`](Self::reclaim) (their `wr_id`s are the caller's, and
+    /// could look like the safe path's tags).
     #[doc(alias = "ibv_post_send")]
     pub unsafe fn post_send_raw(&mut self, wr: &mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();
@@ -845,8 +852,9 @@ impl QueuePair {
     /// # Safety
     /// As for [`post_send_raw`](Self::post_send_raw): the memory every entry
     /// names stays allocated and untouched by Rust until its completion has
-    /// been polled or the QP is destroyed or reset, and those completions
-    /// are never passed to [`reclaim`](Self::reclaim).
+    /// been polled or the QP has been reset or destroyed, even if this call
+    /// fails, and those completions are never passed to
+    /// [`reclaim`](Self::reclaim).
     #[doc(alias = "ibv_post_recv")]
     pub unsafe fn post_recv_raw(&mut self, wr: &mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();
@@ -856,61 +864,230 @@ impl QueuePair {
     }
 
     /// Hands back the requests that completion `wc` ends, calling `f` for
-    /// each; returns how many. For a QP that receives through an SRQ, its
-    /// receive completions are handed back from the SRQ.
+    /// each (oldest first); returns how many.
     ///
-    /// A receive completion ends its receive. A send completion ends its
-    /// send and every unsignalled send posted before it. Completions of
-    /// other QPs (of any device), of QPs destroyed before, or already
-    /// reclaimed, end nothing: every QP numbers its requests from ranges no
-    /// other QP in the process ever uses, and only a `wr_id` this QP issued
-    /// and still holds is accepted. Works for
-    /// flushed completions too (after the QP went to ERR), whose opcode the
-    /// device leaves undefined: the `wr_id` says which queue it is.
-    /// Allocates nothing.
+    /// The completion's tag says which queue it belongs to: this QP's send
+    /// queue (a send completion ends its send and every send posted before
+    /// it, as send queues complete in order), its receive queue, or its SRQ
+    /// (handed to [`SharedReceiveQueue::reclaim`](crate::SharedReceiveQueue::reclaim)).
+    /// A completion ends something only the first time, and only on the
+    /// queue that issued its tag: completions of other QPs (of any device
+    /// or context), of QPs destroyed before, from before a RESET, or already
+    /// reclaimed, end nothing. Works for failed and flushed completions
+    /// too, whose opcode the device leaves undefined. Allocates nothing.
     pub fn reclaim(&mut self, wc: &WorkCompletion, mut f: impl FnMut(Completed)) -> usize {
         if wc.qp_num() != self.qp_num() {
             return 0;
         }
-        let own = self.reclaim_own(wc, &mut f);
-        match self.srq() {
-            Some(srq) if own == 0 => srq.reclaim(wc, f),
-            _ => own,
+        let tag = wc.wr_id();
+        match Kind::of(tag) {
+            Some(Kind::Send) => self
+                .pending_mut()
+                .send
+                .complete(tag, |r| f(completed(r.wr_id, r.own, r.payload.0))),
+            Some(Kind::Recv) => self
+                .pending_mut()
+                .recv
+                .complete(tag, |r| f(completed(r.wr_id, r.own, r.payload))),
+            Some(Kind::Srq) => self.srq().map_or(0, |srq| srq.reclaim_tag(tag, f)),
+            None => 0,
         }
     }
 
-    fn reclaim_own(&mut self, wc: &WorkCompletion, f: &mut impl FnMut(Completed)) -> usize {
-        let id = wc.wr_id();
-        let p = self.pending_mut();
-        if id & RECV_BIT != 0 {
-            let seq = id & !RECV_BIT;
-            // Receives complete in order; search anyway, so that a skipped
-            // completion cannot strand the ones after it.
-            let Ok(pos) = p.recv.binary_search_by_key(&seq, |s| s.seq) else {
-                return 0;
-            };
-            let s = p.recv.remove(pos).expect("found");
-            f(Completed {
-                wr_id: s.wr_id,
-                signaled: true,
-                chunks: s.chunks,
-            });
-            1
-        } else {
-            // Only a wr_id this QP issued counts; it ends every send up to it.
-            let Ok(pos) = p.send.binary_search_by_key(&id, |s| s.seq) else {
-                return 0;
-            };
-            for s in p.send.drain(..=pos) {
-                f(Completed {
-                    wr_id: s.wr_id,
-                    signaled: s.seq == id,
-                    chunks: s.chunks,
-                });
+    /// Moves the QP to RESET (`ibv_modify_qp` with `IBV_QP_STATE` only)
+    /// and hands back every request it still held, oldest first, sends
+    /// before receives: the device forgets them all in RESET.
+    ///
+    /// Requests whose completions were lost (a CQ overrun) or never come
+    /// (receives on rxe in ERR, posts the provider failed) come back here.
+    /// Completions of them still in a CQ end nothing afterwards. Also
+    /// returns what an earlier move to RESET through [`modify`](Self::modify)
+    /// left in [`take_released`](Self::take_released).
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn reset(&mut self) -> Result<Vec<Completed>> {
+        self.modify(&super::QpAttr::new().state(QpState::Reset))?;
+        Ok(self.take_released())
+    }
+
+    /// The requests a move to RESET (through [`modify`](Self::modify), a
+    /// typed transition or [`reset`](Self::reset)) handed back and that were
+    /// not taken yet; empty otherwise.
+    pub fn take_released(&mut self) -> Vec<Completed> {
+        std::mem::take(&mut self.pending_mut().released)
+    }
+
+    /// Destroys the QP now and hands back every request it still held
+    /// (and what a RESET left in [`take_released`](Self::take_released)).
+    ///
+    /// On failure the QP still exists on the device, so its requests'
+    /// chunks are leaked with it, never handed back or freed.
+    #[doc(alias = "ibv_destroy_qp")]
+    pub fn close_and_reclaim(self) -> Result<Vec<Completed>> {
+        Ok(self.into_keep()?.into_all())
+    }
+}
+
+/// Fills `raw.sg_list` (as an index into `sges`, linked later), the opcode,
+/// flags and operation fields of `wr`'s raw form.
+fn raw_send(wr: &SendWr<'_>, sges: &mut Vec<sys::ibv_sge>) -> sys::ibv_send_wr {
+    let sg_start = sges.len();
+    if let Some(data) = wr.inline {
+        sges.push(sys::ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        });
+    } else {
+        wr.sges.raw_into(sges);
+    }
+    let mut raw = sys::ibv_send_wr {
+        num_sge: (sges.len() - sg_start) as c_int,
+        opcode: wr.op.opcode(),
+        send_flags: wr.flags,
+        ..Default::default()
+    };
+    raw.sg_list = sg_start as *mut sys::ibv_sge;
+    match wr.op {
+        SendOp::Send => {}
+        SendOp::SendWithImm(imm) => raw.__bindgen_anon_1.imm_data = imm.to_be(),
+        SendOp::RdmaWrite(r) | SendOp::RdmaRead(r) => {
+            raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
             }
-            pos + 1
+        }
+        SendOp::RdmaWriteWithImm(r, imm) => {
+            raw.__bindgen_anon_1.imm_data = imm.to_be();
+            raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            };
+        }
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add: compare,
+                swap,
+                rkey: remote.rkey,
+            }
+        }
+        SendOp::FetchAdd { remote, add } => {
+            raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add: add,
+                swap: 0,
+                rkey: remote.rkey,
+            }
         }
     }
+    if let Some((ah, qpn, qkey)) = &wr.ud {
+        raw.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ah.as_ptr(),
+            remote_qpn: qpn.get(),
+            remote_qkey: qkey.0,
+        };
+    }
+    raw
+}
+
+/// Fills `raw.sg_list` (as an index, linked later) of a receive's raw form.
+fn raw_recv(wr: &RecvWr, sges: &mut Vec<sys::ibv_sge>) -> sys::ibv_recv_wr {
+    let start = sges.len();
+    wr.sges.raw_into(sges);
+    sys::ibv_recv_wr {
+        wr_id: 0,
+        next: std::ptr::null_mut(),
+        sg_list: start as *mut sys::ibv_sge,
+        num_sge: (sges.len() - start) as c_int,
+    }
+}
+
+/// Posts the receives of `reqs` (checked, non-empty, with room) to a QP's
+/// receive queue or an SRQ through `call`.
+pub(crate) fn post_recv_chain(
+    verb: &'static str,
+    ledger: &mut Ledger<Chunks>,
+    wrs: &mut Vec<sys::ibv_recv_wr>,
+    sges: &mut Vec<sys::ibv_sge>,
+    reqs: &mut Batch<RecvWr>,
+    call: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> c_int,
+) -> Result<(), PostError> {
+    post_chain(
+        verb,
+        ledger,
+        wrs,
+        sges,
+        reqs,
+        raw_recv,
+        |mut wr| (wr.wr_id, wr.sges.take()),
+        |chunks: Chunks, out| out.extend(chunks.into_iter().flatten()),
+        call,
+    )
+}
+
+/// The one place requests enter a ledger and reach a provider.
+///
+/// For each request of `reqs` (checked, non-empty, with room): its raw form
+/// is built by `raw` into `wrs`/`sges`, its loan (`lend`) moves into
+/// `ledger`, and the tag the ledger gives becomes the raw `wr_id`. Then the
+/// chain is linked and handed to `call` (the provider's post). On success,
+/// or on a provider failure, the ledger keeps every request (see
+/// [`PostError`]); only if the process ran out of tags, before any call, are
+/// the requests taken back out and their chunks returned.
+#[allow(clippy::too_many_arguments)]
+fn post_chain<W: HasSges, R: ChainLink, L>(
+    verb: &'static str,
+    ledger: &mut Ledger<L>,
+    wrs: &mut Vec<R>,
+    sges: &mut Vec<sys::ibv_sge>,
+    reqs: &mut Batch<W>,
+    raw: impl Fn(&W, &mut Vec<sys::ibv_sge>) -> R,
+    lend: impl Fn(W) -> (u64, L),
+    unlend: impl Fn(L, &mut Vec<Chunk>),
+    call: impl FnOnce(*mut R, &mut *mut R) -> c_int,
+) -> Result<(), PostError> {
+    wrs.clear();
+    sges.clear();
+    let n = reqs.len();
+    let mut pending = reqs.drain();
+    while let Some(wr) = pending.next() {
+        let mut r = raw(&wr, sges);
+        let (wr_id, loan) = lend(wr);
+        match ledger.insert(wr_id, loan) {
+            Ok(tag) => {
+                r.set_wr_id(tag);
+                wrs.push(r);
+            }
+            Err(loan) => {
+                // Out of tags (room was checked): take this call's requests
+                // back out, newest first; nothing reached the device.
+                let mut back = Vec::new();
+                unlend(loan, &mut back);
+                for w in wrs.iter().rev() {
+                    if let Some(l) = ledger.undo_last(w.wr_id()) {
+                        unlend(l, &mut back);
+                    }
+                }
+                for mut rest in pending {
+                    rest.sges_mut().drain_into(&mut back);
+                }
+                return Err(fail(Error::TagsExhausted { verb }, 0, back));
+            }
+        }
+    }
+    drop(pending);
+    link_chain(wrs, sges);
+    let mut bad: *mut R = std::ptr::null_mut();
+    let rc = call(wrs.as_mut_ptr(), &mut bad);
+    // Whatever `bad` says, a failed provider may have queued any request of
+    // the chain: the ledger keeps them all.
+    crate::error::check_rc(verb, rc)
+        .map(|_| ())
+        .map_err(|error| fail(error, n, Vec::new()))
 }
 
 /// Requests of one call, kept in order without allocating for chains of up
@@ -960,41 +1137,12 @@ impl<T: HasSges> Batch<T> {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &T> {
-        self.inline.iter().flatten().chain(self.more.iter())
-    }
-
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         self.n = 0;
         self.inline
             .iter_mut()
             .filter_map(Option::take)
             .chain(self.more.drain(..))
-    }
-
-    /// After the post call: the first `posted` requests are the device's
-    /// now and go to `keep`; the others' chunks go back in the error.
-    pub(crate) fn settle(
-        &mut self,
-        rc: c_int,
-        posted: usize,
-        verb: &'static str,
-        mut keep: impl FnMut(usize, T),
-    ) -> Result<(), PostError> {
-        let mut back = Vec::new();
-        for (i, mut wr) in self.drain().enumerate() {
-            if i < posted {
-                keep(i, wr);
-            } else {
-                wr.sges_mut().drain_into(&mut back);
-            }
-        }
-        if rc == 0 {
-            Ok(())
-        } else {
-            let errno = if rc > 0 { rc } else { libc::EINVAL };
-            Err(fail(Error::Verb { verb, errno }, posted, back))
-        }
     }
 
     /// A refusal before any call: every request's chunks go back.
@@ -1007,14 +1155,21 @@ impl<T: HasSges> Batch<T> {
     }
 }
 
+/// The checks a receive gets before any call, for QPs and SRQs alike.
 pub(crate) fn check_recv(
     wr: &RecvWr,
     max_sge: usize,
-    pd_handle: u32,
+    pd: *mut sys::ibv_pd,
     verb: &'static str,
 ) -> Result<()> {
-    if wr.sges.overflow.is_some() {
-        return Err(Error::invalid(verb, format!("more than {MAX_SGE} entries")));
+    if !wr.sges.overflow.is_empty() {
+        return Err(Error::invalid(
+            verb,
+            format!(
+                "{} entries: more than {MAX_SGE}",
+                wr.sges.n + wr.sges.overflow.len()
+            ),
+        ));
     }
     if wr.sges.n > max_sge {
         return Err(Error::invalid(
@@ -1022,13 +1177,7 @@ pub(crate) fn check_recv(
             format!("{} entries but max_recv_sge is {max_sge}", wr.sges.n),
         ));
     }
-    if wr
-        .sges
-        .chunks
-        .iter()
-        .flatten()
-        .any(|c| c.pd_handle() != pd_handle)
-    {
+    if wr.sges.chunks.iter().flatten().any(|c| c.pd_ptr() != pd) {
         return Err(Error::invalid(
             verb,
             "a chunk belongs to another protection domain",
@@ -1037,68 +1186,41 @@ pub(crate) fn check_recv(
     Ok(())
 }
 
-/// Fills `wrs`/`sges` with the raw chain for `reqs`, with wr_ids from `id`.
-pub(crate) fn build_recv_chain(
-    wrs: &mut Vec<sys::ibv_recv_wr>,
-    sges: &mut Vec<sys::ibv_sge>,
-    reqs: &Batch<RecvWr>,
-    id: impl Fn(usize) -> u64,
-) {
-    wrs.clear();
-    sges.clear();
-    for (i, wr) in reqs.iter().enumerate() {
-        let start = sges.len();
-        for (c, &len) in wr.sges.chunks.iter().flatten().zip(&wr.sges.lens) {
-            sges.push(sys::ibv_sge {
-                addr: c.addr(),
-                length: len,
-                lkey: c.lkey(),
-            });
-        }
-        wrs.push(sys::ibv_recv_wr {
-            wr_id: id(i),
-            next: std::ptr::null_mut(),
-            sg_list: start as *mut sys::ibv_sge,
-            num_sge: (sges.len() - start) as c_int,
-        });
-    }
-    link_chain(wrs, sges);
-}
-
 /// The fields the two raw request types chain with.
-trait ChainLink: Sized {
+pub(crate) trait ChainLink: Sized {
     /// While building, `sg_list` holds the request's first index into the
     /// entry vector, not a pointer.
     fn sg_start(&self) -> usize;
     fn has_sges(&self) -> bool;
     fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self);
+    fn wr_id(&self) -> u64;
+    fn set_wr_id(&mut self, id: u64);
 }
 
-impl ChainLink for sys::ibv_send_wr {
-    fn sg_start(&self) -> usize {
-        self.sg_list as usize
-    }
-    fn has_sges(&self) -> bool {
-        self.num_sge > 0
-    }
-    fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self) {
-        self.sg_list = sg_list;
-        self.next = next;
-    }
+macro_rules! chain_link {
+    ($t:ty) => {
+        impl ChainLink for $t {
+            fn sg_start(&self) -> usize {
+                self.sg_list as usize
+            }
+            fn has_sges(&self) -> bool {
+                self.num_sge > 0
+            }
+            fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self) {
+                self.sg_list = sg_list;
+                self.next = next;
+            }
+            fn wr_id(&self) -> u64 {
+                self.wr_id
+            }
+            fn set_wr_id(&mut self, id: u64) {
+                self.wr_id = id;
+            }
+        }
+    };
 }
-
-impl ChainLink for sys::ibv_recv_wr {
-    fn sg_start(&self) -> usize {
-        self.sg_list as usize
-    }
-    fn has_sges(&self) -> bool {
-        self.num_sge > 0
-    }
-    fn set_links(&mut self, sg_list: *mut sys::ibv_sge, next: *mut Self) {
-        self.sg_list = sg_list;
-        self.next = next;
-    }
-}
+chain_link!(sys::ibv_send_wr);
+chain_link!(sys::ibv_recv_wr);
 
 /// Turns the start indexes in `sg_list` into pointers into `sges` and links
 /// the requests into a NULL-terminated chain, once neither vector grows.
@@ -1123,48 +1245,5 @@ fn link_chain<W: ChainLink>(wrs: &mut [W], sges: &mut [sys::ibv_sge]) {
             std::ptr::null_mut()
         };
         w.set_links(sg, next);
-    }
-}
-
-/// How many requests of an `n`-request chain a post took.
-pub(crate) fn posted_count<T>(rc: c_int, bad: *mut T, wrs: &[T], n: usize) -> usize {
-    if rc == 0 {
-        n
-    } else if bad.is_null() {
-        0
-    } else {
-        // SAFETY: `bad` points into `wrs` (the provider names the first
-        // request it did not take).
-        (unsafe { bad.offset_from(wrs.as_ptr()) }).clamp(0, n as isize) as usize
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_are_fresh_and_increasing() {
-        let (a, b) = (fresh_range(), fresh_range());
-        assert!(b >= a + RANGE, "{a:#x} {b:#x}");
-        assert_eq!(a & RECV_BIT, 0);
-    }
-
-    #[test]
-    fn a_full_range_moves_to_a_fresh_one() {
-        let mut start = fresh_range();
-        let mut next = start;
-        assert_eq!(take_seqs(&mut next, &mut start, 4), next);
-        let old = start;
-        next = start + RANGE - 2;
-        let first = take_seqs(&mut next, &mut start, 4);
-        assert!(start > old && first == start, "moved to {start:#x}");
-        let mut next2 = start + RANGE - 4;
-        let mut start2 = start;
-        assert_eq!(
-            take_seqs(&mut next2, &mut start2, 4),
-            start + RANGE - 4,
-            "an exact fit stays"
-        );
     }
 }

@@ -29,7 +29,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "data::flush_after_err_hands_every_buffer_back",
         flush_after_err,
     ),
-    ("data::reset_discards_outstanding_requests", reset_discards),
+    (
+        "data::reset_hands_back_outstanding_requests",
+        reset_discards,
+    ),
     (
         "data::bad_posts_are_refused_with_buffers_returned",
         bad_posts,
@@ -492,6 +495,12 @@ fn reset_discards(env: &Env) -> Result<(), Failed> {
         "RESET kept {} receives",
         p.b.outstanding_recvs()
     );
+    let back = p.b.take_released();
+    ensure!(
+        back.len() == 4 && back.iter().all(|d| !d.signaled),
+        "RESET handed back {back:?}"
+    );
+    ensure!(p.b.take_released().is_empty(), "handed back twice");
     Ok(())
 }
 
@@ -567,7 +576,7 @@ fn bad_posts(env: &Env) -> Result<(), Failed> {
         p.a.post_send(full),
         caps.max_send_wr as usize + 1,
         "more than the send queue holds",
-        "exceed",
+        "room for",
     )?;
     let other_pd = env.ctx.alloc_pd()?;
     let foreign = other_pd
