@@ -1,6 +1,6 @@
 //! An open device (`struct ibv_context`): the parent of every other object.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, OsString};
 use std::fmt;
 use std::ops::RangeInclusive;
 use std::ptr::NonNull;
@@ -64,15 +64,33 @@ impl Context {
         DeviceList::new()?.get(0).ok_or(Error::NoDevices)?.open()
     }
 
+    /// Opens `dev`: the one place every way of opening a device
+    /// ([`open`](Self::open), [`open_first`](Self::open_first),
+    /// [`Device::open`](crate::Device::open)) goes through.
+    ///
+    /// Refused before `ibv_open_device` while a provider's "single threaded"
+    /// switch is set in the environment (see [`provider_locks_off`]).
     pub(crate) fn from_device(dev: NonNull<sys::ibv_device>, list: Arc<ListInner>) -> Result<Self> {
+        // SAFETY: `dev` is a live device of `list`, which the caller keeps
+        // alive; the name is a NUL-terminated array inside it.
+        let name = unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name(dev.as_ptr())) }
+            .to_string_lossy()
+            .into_owned();
+        if let Some((var, provider)) = provider_locks_off(|v| std::env::var_os(v)) {
+            return Err(Error::invalid(
+                "ibv_open_device",
+                format!(
+                    "refusing to open {name}: {var}=1 is set in the environment, which turns \
+                     off the internal locks of the {provider} provider that this crate's \
+                     Send + Sync objects rely on; unset it (the crate cannot tell which \
+                     provider serves a device, so it refuses for every device)"
+                ),
+            ));
+        }
         // SAFETY: `dev` is a live device of `list`, which the caller keeps alive.
         let raw = check_ptr("ibv_open_device", unsafe {
             sys::ibv_open_device(dev.as_ptr())
         })?;
-        // SAFETY: `dev` as above; the name is a NUL-terminated array inside it.
-        let name = unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name(dev.as_ptr())) }
-            .to_string_lossy()
-            .into_owned();
         let attr = match query_device_raw(raw.as_ptr()) {
             Ok(attr) => attr,
             Err(e) => {
@@ -175,27 +193,83 @@ impl Context {
     }
 
     /// Reads entry `index` of port `port`'s GID table.
+    ///
+    /// An empty (unused) entry is an error, [`Error::InvalidArgument`]
+    /// naming the index and the port, never the all-zero GID that
+    /// libibverbs' `ibv_query_gid` reports for it: a zero GID is no address
+    /// to hand a peer.
     #[doc(alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
-        self.check_gid_index("ibv_query_gid", port, index)?;
-        let mut raw = sys::ibv_gid::default();
-        // SAFETY: live context, valid out-pointer; index is < gid_tbl_len so it fits in c_int.
-        let rc = unsafe { sys::ibv_query_gid(self.as_ptr(), port, index as c_int, &mut raw) };
-        check_rc("ibv_query_gid", rc)?;
-        Ok(Gid::from_raw(&raw))
+        const VERB: &str = "ibv_query_gid";
+        self.check_gid_index(VERB, port, index)?;
+        // ibv_query_gid_ex tells an unused entry apart (ENODATA), where
+        // ibv_query_gid hides it as zeroes; the latter is the fallback for a
+        // provider or kernel without the extended query.
+        match self.raw_gid_entry(VERB, port, index) {
+            Ok(raw) => Ok(Gid::from_raw(&raw.gid)),
+            Err(e) if matches!(e.errno(), Some(libc::EOPNOTSUPP | libc::ENOSYS)) => {
+                let mut raw = sys::ibv_gid::default();
+                // SAFETY: live context, valid out-pointer; index is < gid_tbl_len
+                // (checked above), so it fits in c_int.
+                let rc =
+                    unsafe { sys::ibv_query_gid(self.as_ptr(), port, index as c_int, &mut raw) };
+                check_rc(VERB, rc)?;
+                let gid = Gid::from_raw(&raw);
+                if gid.is_zero() {
+                    return Err(self.empty_gid_entry(VERB, port, index));
+                }
+                Ok(gid)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads entry `index` of port `port`'s GID table with its type.
     ///
-    /// An unused entry is an error with errno `ENODATA`.
+    /// An empty (unused) entry is the same error as for
+    /// [`query_gid`](Self::query_gid): [`Error::InvalidArgument`] naming the
+    /// index and the port.
     #[doc(alias = "ibv_query_gid_ex")]
     pub fn query_gid_entry(&self, port: u8, index: u32) -> Result<GidEntry> {
-        self.check_gid_index("ibv_query_gid_ex", port, index)?;
+        const VERB: &str = "ibv_query_gid_ex";
+        self.check_gid_index(VERB, port, index)?;
+        self.raw_gid_entry(VERB, port, index)
+            .map(|raw| GidEntry::from_raw(&raw))
+    }
+
+    /// `ibv_query_gid_ex` of an index inside the table; an unused entry
+    /// (ENODATA, or an all-zero GID) becomes
+    /// [`empty_gid_entry`](Self::empty_gid_entry).
+    fn raw_gid_entry(
+        &self,
+        verb: &'static str,
+        port: u8,
+        index: u32,
+    ) -> Result<sys::ibv_gid_entry> {
         let mut raw = sys::ibv_gid_entry::default();
         // SAFETY: live context, valid out-pointer, flags must be 0.
         let rc = unsafe { sys::ibv_query_gid_ex(self.as_ptr(), port.into(), index, &mut raw, 0) };
-        check_rc("ibv_query_gid_ex", rc)?;
-        Ok(GidEntry::from_raw(&raw))
+        match check_rc("ibv_query_gid_ex", rc) {
+            Ok(_) if Gid::from_raw(&raw.gid).is_zero() => {
+                Err(self.empty_gid_entry(verb, port, index))
+            }
+            Ok(_) => Ok(raw),
+            Err(e) if e.errno() == Some(libc::ENODATA) => {
+                Err(self.empty_gid_entry(verb, port, index))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The error for an empty (unused) GID table entry.
+    fn empty_gid_entry(&self, verb: &'static str, port: u8, index: u32) -> Error {
+        Error::invalid(
+            verb,
+            format!(
+                "GID index {index} of port {port} is an empty (unused) entry of {}'s GID table",
+                self.name()
+            ),
+        )
     }
 
     /// Every valid GID table entry of every port, with its type.
@@ -245,6 +319,42 @@ impl Context {
     }
 }
 
+/// Environment variables with which a provider turns its internal locks off,
+/// each with the provider that reads it. The crate's `Send + Sync` rests on
+/// those locks (see the crate docs, "Lifetimes and threads"), so no context
+/// is opened while one of them is in effect.
+///
+/// * `MLX5_SINGLE_THREADED`: rdma-core's mlx5 provider (`providers/mlx5`),
+///   read when a context is opened into a process-wide flag: its spinlocks
+///   (CQ, QP send and receive queues, SRQ, doorbell registers) become a
+///   plain "in use" flag that catches some concurrent use, by aborting the
+///   process, and lets the rest race.
+/// * `MLX4_SINGLE_THREADED`: the mlx4 provider of Mellanox OFED (the
+///   older libmlx4); rdma-core's own mlx4 provider does not read it.
+/// * `BNXT_SINGLE_THREADED`: Broadcom's own bnxt_re provider (shipped with
+///   their driver bundle); rdma-core's bnxt_re does not read it.
+///
+/// Each is honoured only with the exact value `1` (the providers compare
+/// with `strcmp(value, "1")`); any other value leaves the locks on.
+pub(crate) const PROVIDER_LOCK_SWITCHES: &[(&str, &str)] = &[
+    ("MLX5_SINGLE_THREADED", "mlx5"),
+    ("MLX4_SINGLE_THREADED", "mlx4 (Mellanox OFED)"),
+    ("BNXT_SINGLE_THREADED", "bnxt_re (Broadcom)"),
+];
+
+/// The first of [`PROVIDER_LOCK_SWITCHES`] that `lookup` (an environment
+/// lookup) reports in effect, with its provider: `None` when every
+/// provider keeps its locks. A pure function of `lookup`, so that it can be
+/// tested without touching the process environment.
+pub(crate) fn provider_locks_off(
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> Option<(&'static str, &'static str)> {
+    PROVIDER_LOCK_SWITCHES
+        .iter()
+        .copied()
+        .find(|(var, _)| lookup(var).is_some_and(|value| value == "1"))
+}
+
 fn query_device_raw(ctx: *mut sys::ibv_context) -> Result<DeviceAttr> {
     let mut ex = sys::ibv_device_attr_ex::default();
     // SAFETY: `ctx` is live; `ex` is a valid out-pointer of the size the inline
@@ -260,5 +370,66 @@ impl fmt::Debug for Context {
         f.debug_struct("Context")
             .field("name", &self.name())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An environment lookup over fixed pairs.
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |var| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn lock_switches_need_exactly_one() {
+        assert_eq!(provider_locks_off(env(&[])), None);
+        assert_eq!(
+            provider_locks_off(env(&[("MLX5_SINGLE_THREADED", "1")])),
+            Some(("MLX5_SINGLE_THREADED", "mlx5"))
+        );
+        // strcmp(value, "1") in the providers: nothing else turns locks off.
+        for other in ["0", "", " 1", "1 ", "01", "true", "yes", "11"] {
+            assert_eq!(
+                provider_locks_off(env(&[("MLX5_SINGLE_THREADED", other)])),
+                None,
+                "{other:?}"
+            );
+        }
+        assert_eq!(
+            provider_locks_off(env(&[("MLX4_SINGLE_THREADED", "1")])).map(|(v, _)| v),
+            Some("MLX4_SINGLE_THREADED")
+        );
+        assert_eq!(
+            provider_locks_off(env(&[
+                ("MLX5_SINGLE_THREADED", "0"),
+                ("BNXT_SINGLE_THREADED", "1")
+            ]))
+            .map(|(v, _)| v),
+            Some("BNXT_SINGLE_THREADED")
+        );
+        // Look-alikes are not read by any provider.
+        assert_eq!(
+            provider_locks_off(env(&[
+                ("RXE_SINGLE_THREADED", "1"),
+                ("MLX5_SHUT_UP_BF", "1")
+            ])),
+            None
+        );
+    }
+
+    #[test]
+    fn a_non_utf8_value_is_not_one() {
+        use std::os::unix::ffi::OsStringExt;
+        let lookup = |var: &str| {
+            (var == "MLX5_SINGLE_THREADED").then(|| OsString::from_vec(vec![b'1', 0xff]))
+        };
+        assert_eq!(provider_locks_off(lookup), None);
     }
 }

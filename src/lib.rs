@@ -49,7 +49,30 @@
 //! be dropped in any order and a parent is freed only after its last child.
 //! `Drop` never panics; each object also has `close(self) -> Result<()>` for
 //! callers who want to see a failure. All objects are `Send` and `Sync`:
-//! libibverbs is thread safe (verbs(7)).
+//! libibverbs is thread safe (verbs(7)). That rests on the locks each
+//! provider takes inside the verbs: [`CompletionQueue::poll`] takes `&self`,
+//! so threads sharing a CQ poll it at the same time, and objects used from
+//! different threads share provider state (a CQ serving several QPs,
+//! doorbell registers shared between QPs).
+//!
+//! Some providers can be told to drop those locks through the environment:
+//! `MLX5_SINGLE_THREADED=1` (rdma-core's mlx5), `MLX4_SINGLE_THREADED=1`
+//! (the mlx4 provider of Mellanox OFED) and `BNXT_SINGLE_THREADED=1`
+//! (Broadcom's own bnxt_re). With one of them set, two threads polling one
+//! CQ would race inside the provider, so the crate refuses to open a
+//! device at all: [`Context::open`], [`Context::open_first`] and
+//! [`Device::open`] fail with [`Error::InvalidArgument`] (verb
+//! `ibv_open_device`) naming the variable. libibverbs does not say which
+//! provider serves a device, so this happens for every device, rxe
+//! included. Only the exact value `1` counts, as in the providers; `0`
+//! or any other value is accepted. The check runs when a context is
+//! opened. mlx5 keeps the setting in one process-wide flag, read whenever
+//! any mlx5 context is opened and applied to each CQ, QP and SRQ as it is
+//! created: setting the variable afterwards (`std::env::set_var`) and then
+//! opening an mlx5 device outside this crate would leave the objects this
+//! crate creates from then on without locks. Not doing that is up to the
+//! program. This crate never creates thread domains
+//! (`ibv_alloc_td`), the other way of turning the locks off.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]

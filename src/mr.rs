@@ -96,8 +96,9 @@ pub fn page_size() -> usize {
 ///
 /// The buffer is page-aligned and starts zeroed. Because the device may read
 /// or write it at any time (a receive, a peer's RDMA write), it is never lent
-/// out as a Rust slice in safe code: data goes in and out by copy with
-/// [`write`](Self::write) and [`read`](Self::read). The region keeps its
+/// out as a Rust slice in safe code: data goes in and out by volatile copy
+/// with [`write`](Self::write) and [`read`](Self::read), which may see torn
+/// data where the device writes meanwhile (see there). The region keeps its
 /// [`ProtectionDomain`] alive; the buffer is freed only after deregistration.
 ///
 /// ```no_run
@@ -226,34 +227,53 @@ impl MemoryRegion {
     }
 
     /// Copies `data` into the region at `offset`.
+    ///
+    /// The copy uses volatile stores only (aligned 8-byte words, single
+    /// bytes at the edges), so the device or a peer may touch the region
+    /// at the same time without undefined behaviour in this process. What
+    /// they see is another matter: a peer that RDMA-reads these bytes, or
+    /// RDMA-writes them, while the copy runs can see or leave *torn* data,
+    /// a mix of old and new bytes; nothing is guaranteed beyond single
+    /// bytes (no word, and no order between words, is promised). Ordering
+    /// with the peer must come from the protocol: write first, then tell
+    /// the peer (a send, a write with immediate, a flag written last).
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range("MemoryRegion::write", offset, data.len())?;
-        // SAFETY: the range is inside the live buffer (checked above); the
-        // buffer is never lent out as a reference, and `&mut self` excludes
-        // every other Rust access for the duration of the copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.buffer().ptr.as_ptr().add(offset),
-                data.len(),
-            )
-        };
+        // SAFETY: `offset..offset + data.len()` is inside the live buffer
+        // (checked above), so the `add` stays in the allocation and the
+        // destination is valid for writes; `data` cannot overlap it because
+        // the buffer is never lent out as a Rust reference. `&mut self`
+        // excludes every other Rust access for the duration; the device's
+        // accesses are outside Rust's memory model and met only by volatile
+        // stores.
+        unsafe { volatile_write(self.buffer().ptr.as_ptr().add(offset), data) };
         Ok(())
     }
 
     /// Copies bytes from the region at `offset` into `out`.
+    ///
+    /// The copy uses volatile loads only (aligned 8-byte words, single bytes
+    /// at the edges), so the device may write the region at the same time
+    /// (a peer's RDMA write or atomic on a region registered with
+    /// `REMOTE_WRITE` or `REMOTE_ATOMIC`, a receive or an RDMA read
+    /// response landing through the raw post path) without undefined
+    /// behaviour in this process. The bytes copied from a range written
+    /// meanwhile may be *torn*: a mix of old and new values, with nothing
+    /// guaranteed beyond single bytes (no 2-, 4- or 8-byte value is read
+    /// atomically, and the order between bytes is not promised). Read only
+    /// what the protocol says is complete: after a completion, an
+    /// immediate, or a flag the peer writes last (and check the flag itself
+    /// in a way a torn read cannot fool, e.g. a single byte).
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range("MemoryRegion::read", offset, out.len())?;
-        // SAFETY: the range is inside the live buffer (checked above); no
-        // `&mut` access can run while `&self` is held; `out` cannot alias the
-        // buffer because the buffer is never lent out.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.buffer().ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        // SAFETY: `offset..offset + out.len()` is inside the live buffer
+        // (checked above), so the `add` stays in the allocation and the
+        // source is valid for reads; `out` cannot overlap it because the
+        // buffer is never lent out as a Rust reference. No Rust write can
+        // run while `&self` is held (writes take `&mut self`); the device's
+        // writes are outside Rust's memory model and met only by volatile
+        // loads.
+        unsafe { volatile_read(self.buffer().ptr.as_ptr().add(offset), out) };
         Ok(())
     }
 
@@ -304,6 +324,75 @@ impl MemoryRegion {
                 len: chunk_len.min(len - offset),
             })
             .collect())
+    }
+}
+
+/// The word the volatile copies move at once where the region side is aligned.
+const WORD: usize = std::mem::size_of::<u64>();
+
+/// Copies `out.len()` bytes from `src` into `out`, loading from `src` only
+/// with volatile reads: single bytes until `src` is 8-byte aligned, aligned
+/// `u64` words, then single bytes for the rest. For memory that something
+/// outside the program (the device, a peer through it) may write meanwhile:
+/// volatile loads are each done once, as written, and no reference to the
+/// source is ever made. Bytes written during the copy may come out torn
+/// (each byte is one value that byte held; nothing more is promised).
+///
+/// # Safety
+/// `src..src + out.len()` is valid for reads and does not overlap `out`.
+unsafe fn volatile_read(src: *const u8, out: &mut [u8]) {
+    let len = out.len();
+    // `align_offset` may answer "cannot" (usize::MAX); then every byte is
+    // copied singly, which is slower but just as correct.
+    let head = src.align_offset(WORD).min(len);
+    let mut i = 0;
+    while i < head {
+        // SAFETY: `i < len`, so `src + i` is in the readable range (caller).
+        out[i] = unsafe { src.add(i).read_volatile() };
+        i += 1;
+    }
+    while len - i >= WORD {
+        // SAFETY: `src + i .. src + i + 8` is in the readable range
+        // (`i + 8 <= len`), and `src + i` is 8-byte aligned: `src + head` is
+        // (`head < len` here, so it is the real `align_offset`), and `i`
+        // advances from `head` in steps of 8.
+        let word = unsafe { src.add(i).cast::<u64>().read_volatile() };
+        out[i..i + WORD].copy_from_slice(&word.to_ne_bytes());
+        i += WORD;
+    }
+    while i < len {
+        // SAFETY: `i < len`, as in the first loop.
+        out[i] = unsafe { src.add(i).read_volatile() };
+        i += 1;
+    }
+}
+
+/// Copies `data` to `dst`, storing to `dst` only with volatile writes, in
+/// the same pieces as [`volatile_read`].
+///
+/// # Safety
+/// `dst..dst + data.len()` is valid for writes and does not overlap `data`.
+unsafe fn volatile_write(dst: *mut u8, data: &[u8]) {
+    let len = data.len();
+    // As in `volatile_read`: usize::MAX only makes the copy bytewise.
+    let head = dst.align_offset(WORD).min(len);
+    let mut i = 0;
+    while i < head {
+        // SAFETY: `i < len`, so `dst + i` is in the writable range (caller).
+        unsafe { dst.add(i).write_volatile(data[i]) };
+        i += 1;
+    }
+    while len - i >= WORD {
+        let word = u64::from_ne_bytes(data[i..i + WORD].try_into().expect("8 bytes"));
+        // SAFETY: `dst + i .. dst + i + 8` is in the writable range
+        // (`i + 8 <= len`) and 8-byte aligned, as argued in `volatile_read`.
+        unsafe { dst.add(i).cast::<u64>().write_volatile(word) };
+        i += WORD;
+    }
+    while i < len {
+        // SAFETY: `i < len`, as in the first loop.
+        unsafe { dst.add(i).write_volatile(data[i]) };
+        i += 1;
     }
 }
 
@@ -478,5 +567,73 @@ mod tests {
         let s = unsafe { std::slice::from_raw_parts(b.ptr.as_ptr(), 10_000) };
         assert!(s.iter().all(|&x| x == 0));
         assert!(Buffer::new(0).is_none());
+    }
+
+    /// A 40-byte, 8-byte-aligned buffer holding 1, 2, 3, ...
+    fn numbered() -> [u64; 5] {
+        let mut words = [0u64; 5];
+        for (i, w) in words.iter_mut().enumerate() {
+            let mut b = [0u8; 8];
+            for (j, x) in b.iter_mut().enumerate() {
+                *x = (i * 8 + j + 1) as u8;
+            }
+            *w = u64::from_ne_bytes(b);
+        }
+        words
+    }
+
+    fn bytes(words: &[u64; 5]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn volatile_read_copies_every_offset_and_length() {
+        let words = numbered();
+        let plain = bytes(&words);
+        let base = words.as_ptr().cast::<u8>();
+        for offset in 0..=(8 + 7) {
+            for len in 0..=17 {
+                let mut out = vec![0xeeu8; len];
+                // SAFETY: offset + len <= 15 + 17 = 32 <= 40 bytes of `words`,
+                // which `out` (a separate allocation) does not overlap.
+                unsafe { volatile_read(base.add(offset), &mut out) };
+                assert_eq!(
+                    out,
+                    plain[offset..offset + len],
+                    "offset {offset} len {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn volatile_write_touches_exactly_its_range() {
+        let data: Vec<u8> = (0..17u8).map(|b| 0xa0 | b).collect();
+        for offset in 0..=(8 + 7) {
+            for len in 0..=17 {
+                let mut words = numbered();
+                let before = bytes(&words);
+                let base = words.as_mut_ptr().cast::<u8>();
+                // SAFETY: offset + len <= 32 <= 40 bytes of `words`, which
+                // `data` (a separate allocation) does not overlap.
+                unsafe { volatile_write(base.add(offset), &data[..len]) };
+                let after = bytes(&words);
+                assert_eq!(
+                    after[..offset],
+                    before[..offset],
+                    "offset {offset} len {len}"
+                );
+                assert_eq!(
+                    after[offset..offset + len],
+                    data[..len],
+                    "offset {offset} len {len}"
+                );
+                assert_eq!(
+                    after[offset + len..],
+                    before[offset + len..],
+                    "offset {offset} len {len}"
+                );
+            }
+        }
     }
 }

@@ -177,12 +177,18 @@ impl Default for ConnectOptions {
 }
 
 impl QueuePair {
-    /// The GID index `opts` resolves to on this QP's device, if a GRH is used.
-    fn gid_index_for(&self, opts: &ConnectOptions) -> Result<Option<u8>> {
-        if opts.gid_index.is_some() {
-            return Ok(opts.gid_index);
-        }
+    /// The local GID index and GID `opts` resolve to on this QP's device,
+    /// if a GRH is used.
+    ///
+    /// An explicit [`ConnectOptions::gid_index`] must name a used entry of
+    /// the port's table: an empty one is the error of
+    /// [`Context::query_gid`](crate::Context::query_gid), naming the index
+    /// and the port.
+    fn local_gid(&self, opts: &ConnectOptions) -> Result<Option<(u8, Gid)>> {
         let ctx = self.pd().context();
+        if let Some(i) = opts.gid_index {
+            return Ok(Some((i, ctx.query_gid(opts.port, i.into())?)));
+        }
         if !ctx.query_port(opts.port)?.grh_required() {
             return Ok(None);
         }
@@ -204,20 +210,21 @@ impl QueuePair {
                     ),
                 )
             })?;
-        u8::try_from(pick.index)
-            .map(Some)
-            .map_err(|_| Error::invalid("QueuePair::connect", "GID index above 255"))
+        let index = u8::try_from(pick.index)
+            .map_err(|_| Error::invalid("QueuePair::connect", "GID index above 255"))?;
+        Ok(Some((index, pick.gid)))
     }
 
     /// This QP's endpoint for `opts`, with first PSN `psn`: what to send the
     /// peer.
+    ///
+    /// The GID is zero when the port needs no GRH and `opts` names no GID
+    /// index (InfiniBand). A [`ConnectOptions::gid_index`] that names an
+    /// empty (unused) entry of the port's GID table is refused with
+    /// [`Error::InvalidArgument`] naming the index and the port.
     pub fn local_endpoint(&self, opts: &ConnectOptions, psn: Psn) -> Result<Endpoint> {
-        let ctx = self.pd().context();
-        let port = ctx.query_port(opts.port)?;
-        let gid = match self.gid_index_for(opts)? {
-            Some(i) => ctx.query_gid(opts.port, i.into())?,
-            None => Gid::ZERO,
-        };
+        let port = self.pd().context().query_port(opts.port)?;
+        let gid = self.local_gid(opts)?.map_or(Gid::ZERO, |(_, gid)| gid);
         Ok(Endpoint {
             lid: port.lid,
             qpn: QpNum::new(self.qp_num())?,
@@ -233,7 +240,10 @@ impl QueuePair {
     ///
     /// Each step goes through [`modify`](Self::modify), so a bad setting is
     /// refused before it reaches the device; on failure the QP stays in the
-    /// state the last successful step reached.
+    /// state the last successful step reached. A
+    /// [`ConnectOptions::gid_index`] naming an empty entry of the port's GID
+    /// table is refused (as in [`local_endpoint`](Self::local_endpoint))
+    /// before the first step.
     pub fn connect(&mut self, opts: &ConnectOptions, psn: Psn, remote: &Endpoint) -> Result<()> {
         if self.state() != QpState::Reset {
             return Err(Error::invalid(
@@ -242,6 +252,12 @@ impl QueuePair {
             ));
         }
         let t = self.qp_type();
+        // Resolved before the first step, so that a bad GID index (an empty
+        // entry) is refused before the QP leaves RESET.
+        let local_gid = match t {
+            QpType::Rc | QpType::Uc => self.local_gid(opts)?,
+            _ => None,
+        };
         let init = QpAttr::new()
             .state(QpState::Init)
             .pkey_index(opts.pkey_index)
@@ -262,7 +278,7 @@ impl QueuePair {
         }
         let port = self.pd().context().query_port(opts.port)?;
         let mut av = AddressVector::new(opts.port).dlid(remote.lid).sl(opts.sl)?;
-        if let Some(i) = self.gid_index_for(opts)? {
+        if let Some((i, _)) = local_gid {
             av = av.global(GlobalRoute::new(remote.gid, i));
         }
         let mut rtr = QpAttr::new()
