@@ -12,7 +12,7 @@ use rdma_verbs::{
     QpInitAttr, QpState, QpType, QueuePair, SharedReceiveQueue, WcStatus, WorkCompletion,
 };
 
-use crate::common::{Env, TestFn};
+use crate::common::{connect, deadline, opts, poll_n, Env, Pair, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     (
@@ -37,33 +37,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ),
 ];
 
-/// How long to wait for completions; `RDMA_VERBS_TEST_DEADLINE_SECS`
-/// raises it on a slow machine.
-fn deadline() -> Duration {
-    let secs = std::env::var("RDMA_VERBS_TEST_DEADLINE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
-    Duration::from_secs(secs)
-}
-
 /// How long to watch for something that must *not* happen.
 const QUIET: Duration = Duration::from_millis(300);
-
-fn opts(env: &Env, access: AccessFlags) -> ConnectOptions {
-    ConnectOptions {
-        port: env.port,
-        access,
-        ..Default::default()
-    }
-}
-
-struct Pair {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    a: QueuePair,
-    b: QueuePair,
-}
 
 fn qp(
     pd: &ProtectionDomain,
@@ -77,29 +52,8 @@ fn qp(
     Ok(pd.create_qp(&attr)?)
 }
 
-fn connect(
-    env: &Env,
-    a: &mut QueuePair,
-    b: &mut QueuePair,
-    access: AccessFlags,
-) -> Result<(), Failed> {
-    let o = opts(env, access);
-    let (ea, eb) = (
-        a.local_endpoint(&o, Psn::new(100)?)?,
-        b.local_endpoint(&o, Psn::new(200)?)?,
-    );
-    a.connect(&o, ea.psn, &eb)?;
-    b.connect(&o, eb.psn, &ea)?;
-    Ok(())
-}
-
 fn pair(env: &Env, access: AccessFlags) -> Result<Pair, Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(256)?;
-    let mut a = qp(&pd, &cq, None)?;
-    let mut b = qp(&pd, &cq, None)?;
-    connect(env, &mut a, &mut b, access)?;
-    Ok(Pair { pd, cq, a, b })
+    crate::common::pair(env, QpType::Rc, QpCaps::default(), access)
 }
 
 fn chunk(pd: &ProtectionDomain, len: usize, fill: u8) -> Result<Chunk, Failed> {
@@ -109,23 +63,6 @@ fn chunk(pd: &ProtectionDomain, len: usize, fill: u8) -> Result<Chunk, Failed> {
         .ok_or("no chunk")?;
     c.as_mut_slice().fill(fill);
     Ok(c)
-}
-
-/// Polls until `n` completions arrived.
-fn poll_n(cq: &CompletionQueue, n: usize) -> Result<Vec<WorkCompletion>, Failed> {
-    let mut out = Vec::new();
-    let mut wcs = [WorkCompletion::default(); 16];
-    let start = Instant::now();
-    while out.len() < n {
-        out.extend_from_slice(cq.poll(&mut wcs)?);
-        ensure!(
-            start.elapsed() < deadline(),
-            "waited {:?} for {n} completions, got {}: {out:?}",
-            deadline(),
-            out.len()
-        );
-    }
-    Ok(out)
 }
 
 /// Polls for `QUIET` and returns whatever arrived (expected: nothing).

@@ -107,3 +107,84 @@ macro_rules! ensure {
         }
     };
 }
+
+/// How long a test waits for something that must happen (completions, an
+/// event): 20 s, or `RDMA_VERBS_TEST_DEADLINE_SECS` on a slow machine.
+pub fn deadline() -> std::time::Duration {
+    let secs = std::env::var("RDMA_VERBS_TEST_DEADLINE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    std::time::Duration::from_secs(secs)
+}
+
+/// Connection options on the test port with `access`.
+pub fn opts(env: &Env, access: rdma_verbs::AccessFlags) -> rdma_verbs::qp::ConnectOptions {
+    rdma_verbs::qp::ConnectOptions {
+        port: env.port,
+        access,
+        ..Default::default()
+    }
+}
+
+/// Two connected QPs of one type on one device, sharing one CQ.
+pub struct Pair {
+    pub pd: rdma_verbs::ProtectionDomain,
+    pub cq: rdma_verbs::CompletionQueue,
+    pub a: rdma_verbs::QueuePair,
+    pub b: rdma_verbs::QueuePair,
+}
+
+/// Two QPs of type `t` with `caps`, connected to each other (RTS).
+pub fn pair(
+    env: &Env,
+    t: rdma_verbs::QpType,
+    caps: rdma_verbs::QpCaps,
+    access: rdma_verbs::AccessFlags,
+) -> Result<Pair, Failed> {
+    use rdma_verbs::QpInitAttr;
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(256)?;
+    let mut a = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).caps(caps))?;
+    let mut b = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).caps(caps))?;
+    connect(env, &mut a, &mut b, access)?;
+    Ok(Pair { pd, cq, a, b })
+}
+
+/// Takes two fresh QPs to RTS, connected to each other.
+pub fn connect(
+    env: &Env,
+    a: &mut rdma_verbs::QueuePair,
+    b: &mut rdma_verbs::QueuePair,
+    access: rdma_verbs::AccessFlags,
+) -> Result<(), Failed> {
+    use rdma_verbs::qp::Psn;
+    let o = opts(env, access);
+    let (ea, eb) = (
+        a.local_endpoint(&o, Psn::new(100)?)?,
+        b.local_endpoint(&o, Psn::new(200)?)?,
+    );
+    a.connect(&o, ea.psn, &eb)?;
+    b.connect(&o, eb.psn, &ea)?;
+    Ok(())
+}
+
+/// Polls `cq` until exactly `n` completions arrived (or [`deadline`] passed).
+pub fn poll_n(
+    cq: &rdma_verbs::CompletionQueue,
+    n: usize,
+) -> Result<Vec<rdma_verbs::WorkCompletion>, Failed> {
+    let mut out = Vec::new();
+    let mut wcs = [rdma_verbs::WorkCompletion::default(); 16];
+    let start = std::time::Instant::now();
+    while out.len() < n {
+        out.extend_from_slice(cq.poll(&mut wcs[..n - out.len()])?);
+        ensure!(
+            start.elapsed() < deadline(),
+            "{} of {n} completions after {:?} (RDMA_VERBS_TEST_DEADLINE_SECS): {out:?}",
+            out.len(),
+            deadline()
+        );
+    }
+    Ok(out)
+}

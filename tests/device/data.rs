@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
-    AccessFlags, AsyncEvent, Chunk, CompletionChannel, CompletionQueue, Error, QpInitAttr, QpState,
-    QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, Chunk, CompletionChannel, Error, QpInitAttr, QpState, QpType,
+    QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{Env, TestFn};
+use crate::common::{opts, pair, poll_n, Env, Pair, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     (
@@ -41,62 +41,6 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("data::srq_receives_and_limit_event", srq),
     ("data::completion_channel_events", channel_events),
 ];
-
-const DEADLINE: Duration = Duration::from_secs(10);
-
-/// Two connected QPs of type `t` on one device, sharing one CQ.
-struct Pair {
-    pd: rdma_verbs::ProtectionDomain,
-    cq: CompletionQueue,
-    a: QueuePair,
-    b: QueuePair,
-}
-
-fn opts(env: &Env, access: AccessFlags) -> ConnectOptions {
-    ConnectOptions {
-        port: env.port,
-        access,
-        ..Default::default()
-    }
-}
-
-fn pair(env: &Env, t: QpType, caps: QpCaps, access: AccessFlags) -> Result<Pair, Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(256)?;
-    let mut a = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).caps(caps))?;
-    let mut b = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).caps(caps))?;
-    let o = opts(env, access);
-    let (ea, eb) = (
-        a.local_endpoint(&o, Psn::new(100)?)?,
-        b.local_endpoint(&o, Psn::new(200)?)?,
-    );
-    a.connect(&o, ea.psn, &eb)?;
-    b.connect(&o, eb.psn, &ea)?;
-    Ok(Pair { pd, cq, a, b })
-}
-
-/// Polls `cq` until `n` completions arrived (or the deadline passed).
-fn poll_n(cq: &CompletionQueue, n: usize) -> Result<Vec<WorkCompletion>, Failed> {
-    let mut out = Vec::new();
-    let mut wcs = [WorkCompletion::default(); 16];
-    let start = Instant::now();
-    while out.len() < n {
-        out.extend_from_slice(cq.poll(&mut wcs)?);
-        if start.elapsed() > DEADLINE {
-            return Err(format!(
-                "{} of {n} completions after {DEADLINE:?}: {out:?}",
-                out.len()
-            )
-            .into());
-        }
-    }
-    ensure!(
-        out.len() == n,
-        "{} completions, expected {n}: {out:?}",
-        out.len()
-    );
-    Ok(out)
-}
 
 /// Reclaims `wc` on whichever QP it belongs to; returns the chunks with
 /// their wr_ids.
@@ -470,7 +414,7 @@ fn flush_after_err(env: &Env) -> Result<(), Failed> {
             back += p.a.reclaim(wc, |d| drop(d.into_chunk()));
         }
         ensure!(
-            start.elapsed() < DEADLINE,
+            start.elapsed() < crate::common::deadline(),
             "{} requests never flushed",
             p.a.outstanding_sends() + p.a.outstanding_recvs()
         );
