@@ -167,9 +167,12 @@ fn empty_posts_post_nothing(env: &Env) -> Result<(), Failed> {
 }
 
 /// Class 2: a send posted below RTS is refused before the provider is
-/// asked (rxe would queue it and report failure), its chunk comes back in
-/// the error, and once the QP reaches RTS it never runs: no completion
-/// appears and the chunk an RDMA READ named is never written.
+/// asked (rxe would write it into its ring, fail the doorbell, and run it
+/// once a later post rings the doorbell in RTS), its chunk comes back in
+/// the error, and it never runs: after the QP reaches RTS (INIT -> RTR ->
+/// RTS, no RESET in between to discard anything) and a later post rings
+/// the doorbell, the chunk the refused RDMA READ named is never written and
+/// no completion appears for it.
 fn sends_below_rts_never_reach_the_provider(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let pd = env.ctx.alloc_pd()?;
@@ -190,16 +193,50 @@ fn sends_below_rts_never_reach_the_provider(env: &Env) -> Result<(), Failed> {
         a.local_endpoint(&o, Psn::new(1)?)?,
         b.local_endpoint(&o, Psn::new(2)?)?,
     );
+    b.connect(&o, eb.psn, &ea)?;
+    let gid_index = env
+        .ctx
+        .gid_table()?
+        .into_iter()
+        .find(|e| e.gid == ea.gid && e.port == u32::from(env.port))
+        .map_or(0, |e| e.index as u8);
+    let mut av = AddressVector::new(env.port).dlid(eb.lid);
+    if !eb.gid.is_zero() {
+        av = av.global(GlobalRoute::new(eb.gid, gid_index).hop_limit(1));
+    }
+    let steps = [
+        QpAttr::new()
+            .state(QpState::Init)
+            .pkey_index(0)
+            .port(env.port)
+            .access_flags(access),
+        QpAttr::new()
+            .state(QpState::Rtr)
+            .av(av)
+            .path_mtu(env.ctx.query_port(env.port)?.active_mtu)
+            .dest_qpn(eb.qpn)
+            .rq_psn(eb.psn)
+            .max_dest_rd_atomic(1)
+            .min_rnr_timer(MinRnrTimer::new(12)?),
+        QpAttr::new()
+            .state(QpState::Rts)
+            .timeout(AckTimeout::new(14)?)
+            .retry_cnt(RetryCount::new(7)?)
+            .rnr_retry(RnrRetry::INFINITE)
+            .sq_psn(ea.psn)
+            .max_rd_atomic(1),
+    ];
     let mut dst = chunk(&pd, 64, 0)?;
-    // RESET, then INIT: each refused with the state named, chunk back.
-    for step in 0..2 {
+    // RESET, INIT and RTR: each refused with the state named, chunk back.
+    for step in &steps {
         let (e, mut back) = refused(
             a.post_send([SendWr::new(7, SendOp::RdmaRead(remote)).sge(dst)]),
             "an RDMA READ below RTS",
         )?;
         ensure!(
             matches!(e, Error::QpState { state, .. } if state == a.state()),
-            "step {step}: {e}"
+            "in {:?}: {e}",
+            a.state()
         );
         ensure!(
             e.to_string().contains("sends need RTS"),
@@ -208,33 +245,30 @@ fn sends_below_rts_never_reach_the_provider(env: &Env) -> Result<(), Failed> {
         ensure!(back.len() == 1, "{} chunks back, expected 1", back.len());
         dst = back.pop().unwrap();
         ensure!(a.outstanding_sends() == 0, "a refused post left a request");
-        if step == 0 {
-            a.modify(
-                &QpAttr::new()
-                    .state(QpState::Init)
-                    .pkey_index(0)
-                    .port(env.port)
-                    .access_flags(access),
-            )?;
-        }
+        a.modify(step)?;
     }
-    // Connect both (a through RESET again): a reaches RTS.
-    ensure!(
-        a.reset()?.is_empty(),
-        "RESET handed back requests never posted"
-    );
-    b.connect(&o, eb.psn, &ea)?;
-    a.connect(&o, ea.psn, &eb)?;
-    // In RTS now: nothing of the refused posts ever runs.
+    ensure!(a.state() == QpState::Rts, "a is in {:?}", a.state());
+    // Ring the doorbell with a real post (a SEND into a receive of b): a
+    // request the provider had queued would run now.
+    b.post_recv([RecvWr::new(3).sge(chunk(&pd, 64, 0)?)])?;
+    a.post_send([SendWr::new(4, SendOp::Send).sge_len(chunk(&pd, 64, b's')?, 8)])?;
+    let wcs = poll_n(&cq, 2)?;
+    ensure!(wcs.iter().all(|w| w.is_success()), "{wcs:?}");
     let stray = poll_quiet(&cq)?;
     ensure!(
         stray.is_empty(),
-        "refused posts produced completions: {stray:?}"
+        "a refused post produced completions: {stray:?}"
     );
     ensure!(
         dst.as_slice().iter().all(|&x| x == 0),
-        "a refused RDMA READ wrote the chunk the caller got back"
+        "the device wrote the chunk the caller got back from a refused RDMA READ"
     );
+    for wc in &wcs {
+        ensure!(
+            chunks_of(&mut a, wc).len() + chunks_of(&mut b, wc).len() == 1,
+            "{wc:?} did not hand back exactly its chunk"
+        );
+    }
     // A real READ now works, completes once, and hands the chunk back once.
     a.post_send([SendWr::new(8, SendOp::RdmaRead(remote)).sge(dst)])?;
     let wcs = poll_n(&cq, 1)?;
@@ -258,13 +292,17 @@ fn sends_below_rts_never_reach_the_provider(env: &Env) -> Result<(), Failed> {
 fn srq_and_qp_completions_never_cross(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(256)?;
-    // Churn: 4,100 successful SRQ post calls, enough to carry the old
-    // per-call generation numbers into the QP ranges (they met at 4096).
-    let max = env.ctx.attr().max_srq_wr.clamp(1, 4200);
+    // Churn: 4,095 successful SRQ post calls, so that the SRQ post below
+    // is the 4,096th of the process when this test runs alone: the old
+    // per-call generation numbers then met the first QP's send ids
+    // exactly (generation 4096, slot 0 == range 1, request 0).
+    const CHURN: u32 = 4095;
+    let max = env.ctx.attr().max_srq_wr.clamp(1, CHURN);
     let mut calls = 0;
-    while calls < 4100 {
-        let churn = pd.create_srq(max, 1, 0)?;
-        for c in pd.alloc_chunks(max as usize, 16, AccessFlags::LOCAL_WRITE)? {
+    while calls < CHURN {
+        let n = max.min(CHURN - calls);
+        let churn = pd.create_srq(n, 1, 0)?;
+        for c in pd.alloc_chunks(n as usize, 16, AccessFlags::LOCAL_WRITE)? {
             churn.post_recv([RecvWr::new(0).sge(c)])?;
             calls += 1;
         }
