@@ -9,11 +9,10 @@
 //! validator refusing a modify before it reaches the device.
 
 use std::process::ExitCode;
-use std::thread::sleep;
 use std::time::Duration;
 
 use rdma_verbs::qp::*;
-use rdma_verbs::{AccessFlags, Context, Error, Result};
+use rdma_verbs::{AccessFlags, Context, Result};
 
 struct Options {
     device: Option<String>,
@@ -94,21 +93,14 @@ fn show(label: &str, qp: &QueuePair) -> Result<()> {
     Ok(())
 }
 
-/// SQD->RTS is refused (EINVAL) until the send queue has drained.
-fn resume<T: Transport>(qp: &mut Qp<T>) -> Result<()>
-where
-    SqdToRts<T>: Modify<T> + Default,
-{
-    for _ in 0..100 {
-        match qp.apply(SqdToRts::<T>::default()) {
-            Err(Error::Verb {
-                errno: libc::EINVAL,
-                ..
-            }) => sleep(Duration::from_millis(10)),
-            other => return other,
-        }
-    }
-    qp.apply(SqdToRts::<T>::default())
+/// How long to wait for a send queue to drain: 10 s, or
+/// `RDMA_VERBS_DRAIN_SECS` on a slow machine.
+fn drain_timeout() -> Duration {
+    let secs = std::env::var("RDMA_VERBS_DRAIN_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    Duration::from_secs(secs)
 }
 
 fn run(o: &Options) -> Result<()> {
@@ -180,11 +172,11 @@ fn run(o: &Options) -> Result<()> {
     show("RTR->RTS", &rc)?;
     rc.apply(RtsToRts::<Rc>::new().min_rnr_timer(MinRnrTimer::new(14)?))?;
     show("RTS->RTS (min_rnr_timer)", &rc)?;
-    rc.apply(RtsToSqd::<Rc>::new())?;
-    show("RTS->SQD", &rc)?;
+    rc.enter_sqd(RtsToSqd::<Rc>::new(), drain_timeout())?;
+    show("RTS->SQD (drained)", &rc)?;
     rc.apply(SqdToSqd::<Rc>::new().timeout(AckTimeout::new(18)?))?;
     show("SQD->SQD (timeout)", &rc)?;
-    resume(&mut rc)?;
+    rc.apply(SqdToRts::<Rc>::new())?;
     show("SQD->RTS", &rc)?;
     rc.apply(ToErr::new())?;
     show("RTS->ERR", &rc)?;
@@ -207,19 +199,9 @@ fn run(o: &Options) -> Result<()> {
         qp.connect(&conn, psn, &me)?;
         show("RESET->INIT->RTR->RTS", &qp)?;
         qp.modify(&QpAttr::new().state(QpState::Sqd))?;
-        show("RTS->SQD", &qp)?;
-        for _ in 0..100 {
-            match qp.modify(&QpAttr::new().state(QpState::Rts)) {
-                Err(Error::Verb {
-                    errno: libc::EINVAL,
-                    ..
-                }) => sleep(Duration::from_millis(10)),
-                other => {
-                    other?;
-                    break;
-                }
-            }
-        }
+        qp.wait_sq_drained(drain_timeout())?;
+        show("RTS->SQD (drained)", &qp)?;
+        qp.modify(&QpAttr::new().state(QpState::Rts))?;
         show("SQD->RTS", &qp)?;
         qp.modify(&QpAttr::new().state(QpState::Err))?;
         show("RTS->ERR", &qp)?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::device::{DeviceList, ListInner};
 use crate::device_attr::DeviceAttr;
-use crate::error::{check_count, check_ptr, check_rc, Error, Result};
+use crate::error::{check_count, check_ptr, check_rc, table_of, Error, Result};
 use crate::gid::{Gid, GidEntry};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::port::PortAttr;
@@ -187,7 +187,10 @@ impl Context {
         } else {
             Err(Error::invalid(
                 verb,
-                format!("GID index {index} is outside port {port}'s table of {len} entries"),
+                format!(
+                    "GID index {index} is outside port {port}'s {}",
+                    table_of(len)
+                ),
             ))
         }
     }
@@ -293,7 +296,10 @@ impl Context {
         if index >= len {
             return Err(Error::invalid(
                 "ibv_query_pkey",
-                format!("P_Key index {index} is outside port {port}'s table of {len} entries"),
+                format!(
+                    "P_Key index {index} is outside port {port}'s {}",
+                    table_of(len)
+                ),
             ));
         }
         let mut pkey: sys::__be16 = 0;

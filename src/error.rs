@@ -76,6 +76,14 @@ pub enum Error {
         /// The C function the post would have gone to.
         verb: &'static str,
     },
+    /// A wait for a condition on the device ran out of time.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: std::time::Duration,
+    },
     /// No device of that name exists.
     #[error("no RDMA device named {0:?}")]
     DeviceNotFound(String),
@@ -150,6 +158,7 @@ impl From<Error> for io::Error {
             | Error::Modify(_)
             | Error::QpState { .. } => io::ErrorKind::InvalidInput,
             Error::TagsExhausted { .. } => io::ErrorKind::OutOfMemory,
+            Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
             Error::InUse { .. } => io::ErrorKind::ResourceBusy,
@@ -205,6 +214,14 @@ pub(crate) fn check_count(verb: &'static str, rc: c_int) -> Result<usize> {
         Ok(rc as usize)
     } else {
         check_rc(verb, rc).map(|_| 0)
+    }
+}
+
+/// "table of 1 entry", "table of 16 entries".
+pub(crate) fn table_of(len: impl Into<u64>) -> String {
+    match len.into() {
+        1 => "table of 1 entry".to_owned(),
+        n => format!("table of {n} entries"),
     }
 }
 

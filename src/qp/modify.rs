@@ -2,9 +2,11 @@
 
 use super::attr::QpAttr;
 use super::mask::QpAttrMask;
-use super::validate::{validate, QpView};
+use std::time::{Duration, Instant};
+
+use super::validate::{validate, ModifyError, QpView};
 use super::{QpState, QueuePair};
-use crate::error::{check_rc, Result};
+use crate::error::{check_rc, Error, Result};
 use crate::sys;
 
 impl QueuePair {
@@ -53,10 +55,33 @@ impl QueuePair {
     /// on RoCE, messages are then cut into packets the link may drop.
     /// [`connect`](Self::connect) picks the active MTU.
     ///
-    /// A refusal is [`Error::Modify`](crate::Error::Modify) naming the
-    /// transition, the QP type and each missing or forbidden flag; nothing
+    /// Leaving SQD for anything but ERR while the send queue still drains
+    /// is refused ([`ModifyError::SqDraining`]) after asking the device
+    /// (`sq_draining`); [`wait_sq_drained`](Self::wait_sq_drained) waits
+    /// for the drain. The source GID a GRH names must be a used entry of
+    /// the port's table and, for a RoCE v2 GID, of the destination's
+    /// family (an IPv4-mapped source for an IPv4-mapped `dgid`).
+    ///
+    /// # Where the crate refuses more than the kernel
+    ///
+    /// Most refusals are the kernel's own rules, made earlier and with a
+    /// clearer message. These go beyond them, to protect the caller:
+    ///
+    /// | modify | what the kernel does | what the crate does | why |
+    /// |---|---|---|---|
+    /// | `IBV_QP_CUR_STATE` naming another state than the known one | accepts it, and checks the table from the state given, so required attributes of the real transition can be skipped (rxe takes it unchecked) | refuses ([`ModifyError::CurStateMismatch`]) | a lying `cur_state` moves a QP with attributes missing; [`resync`](Self::resync) first if the device moved it |
+    /// | `max_dest_rd_atomic` above the device's `max_qp_rd_atom` | accepts, and `ibv_query_qp` then reads back 0 (rxe) | refuses | the responder would take no RDMA reads or atomics at all |
+    /// | `max_rd_atomic` above `max_qp_init_rd_atom` | rxe refuses above 128 only | refuses above the device's limit | the limit the device advertises |
+    /// | `pkey_index` or `alt_pkey_index` past the port's P_Key table | rxe does not check it | refuses | an index past the table names no P_Key |
+    /// | attribute-only modify (no `IBV_QP_STATE`) | 6.1 checks it as `state -> state`; 6.4 and later do not check it | checks it as `state -> state` ([`ModifyError::AttributeOnly`]) | the stricter rule holds on every kernel |
+    /// | path MTU above the port's max MTU | rxe refuses; other drivers differ | refuses | no link carries it |
+    /// | `IBV_QP_ALT_PATH` on RoCE, or without `IBV_DEVICE_AUTO_PATH_MIG` | refuses on RoCE; rxe advertises the flag anyway | refuses | alternate paths are InfiniBand-only |
+    ///
+    /// A refusal is [`Error::Modify`] naming the
+    /// transition, the QP type and each missing or forbidden flag, every
+    /// reason when there are several ([`ModifyError::Several`]); nothing
     /// reaches the device. A refusal from the kernel is
-    /// [`Error::Verb`](crate::Error::Verb) with its errno. Either way the
+    /// [`Error::Verb`] with its errno. Either way the
     /// known state is unchanged, as is the QP (`ibv_modify_qp` is all or
     /// nothing).
     ///
@@ -80,8 +105,70 @@ impl QueuePair {
             state: self.state,
             port: self.port,
         };
-        validate(&view, attr)?;
+        let to = validate(&view, attr)?;
+        if self.state == QpState::Sqd && attr.get_state().is_some() && to != QpState::Err {
+            // The kernel refuses this while the send queue drains; ask the
+            // device rather than let the user meet a bare EINVAL.
+            if self.query()?.0.sq_draining {
+                return Err(ModifyError::SqDraining {
+                    qp_type: self.qp_type,
+                    to,
+                }
+                .into());
+            }
+        }
         self.modify_unchecked(attr)
+    }
+
+    /// Waits until the send queue of a QP in SQD has drained (`sq_draining`
+    /// in `ibv_query_qp` turned false), polling the device with growing
+    /// pauses (up to 10 ms). Until then the kernel refuses every move out
+    /// of SQD except to ERR, and [`modify`](Self::modify) refuses it with
+    /// [`ModifyError::SqDraining`].
+    ///
+    /// A send that cannot finish (a peer with no receive and infinite RNR
+    /// retries, say) keeps the queue draining forever: after `timeout` this
+    /// returns [`Error::Timeout`], and the QP can
+    /// still go to ERR. Refused for a QP not known to be in SQD.
+    ///
+    /// This polls rather than reading `IBV_EVENT_SQ_DRAINED` from the
+    /// context's asynchronous event queue, which belongs to the whole
+    /// program (consuming events here would take them from their reader).
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::qp::{QpAttr, QpState};
+    /// use std::time::Duration;
+    /// qp.modify(&QpAttr::new().state(QpState::Sqd))?;
+    /// qp.wait_sq_drained(Duration::from_secs(5))?;
+    /// qp.modify(&QpAttr::new().state(QpState::Rts))?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_query_qp")]
+    #[doc(alias = "IBV_EVENT_SQ_DRAINED")]
+    pub fn wait_sq_drained(&self, timeout: Duration) -> Result<()> {
+        if self.state != QpState::Sqd {
+            return Err(Error::invalid(
+                "ibv_query_qp",
+                format!(
+                    "the QP is known to be in {}, not SQD: there is no drain to wait for",
+                    self.state.short_name()
+                ),
+            ));
+        }
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(100);
+        while self.query()?.0.sq_draining {
+            if start.elapsed() >= timeout {
+                return Err(Error::Timeout {
+                    what: "the send queue to drain (sq_draining)",
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+        Ok(())
     }
 
     /// Applies `attr` with `ibv_modify_qp` without any check of this crate:

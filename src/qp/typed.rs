@@ -176,6 +176,26 @@ impl<T: Transport> Qp<T> {
         }
         self.qp.modify(&transition.into_attr())
     }
+
+    /// Applies `to_sqd` (RTS -> SQD) and waits until the send queue has
+    /// drained ([`QueuePair::wait_sq_drained`]), after which SQD -> SQD and
+    /// SQD -> RTS are accepted. On a timeout the QP stays in SQD.
+    ///
+    /// ```no_run
+    /// # fn f(rc: &mut rdma_verbs::qp::Qp<rdma_verbs::qp::Rc>) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::qp::{Rc, RtsToSqd, SqdToRts};
+    /// rc.enter_sqd(RtsToSqd::<Rc>::new(), std::time::Duration::from_secs(5))?;
+    /// rc.apply(SqdToRts::<Rc>::new())?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn enter_sqd(&mut self, to_sqd: RtsToSqd<T>, timeout: std::time::Duration) -> Result<()>
+    where
+        RtsToSqd<T>: Modify<T>,
+    {
+        self.apply(to_sqd)?;
+        self.qp.wait_sq_drained(timeout)
+    }
 }
 
 impl<T: Transport> Deref for Qp<T> {

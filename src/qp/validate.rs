@@ -8,6 +8,7 @@ use super::table::transition_rule;
 use super::{QpState, QpType};
 use crate::context::Context;
 use crate::device_attr::DeviceCapFlags;
+use crate::error::table_of;
 use crate::port::PortAttr;
 
 /// Why [`QueuePair::modify`](super::QueuePair::modify) refused a modify
@@ -60,6 +61,34 @@ pub enum ModifyError {
         /// The state the QP is known to be in.
         known: QpState,
     },
+    /// A modify without `IBV_QP_STATE` (an attribute-only modify, which
+    /// the kernel checks as a transition from the state to itself) carries
+    /// attributes the state does not take, or the state takes none at all.
+    AttributeOnly {
+        /// The QP's type.
+        qp_type: QpType,
+        /// Its known state.
+        state: QpState,
+        /// Attributes set that the state does not take.
+        forbidden: M,
+        /// What an attribute-only modify in this state may carry; `None`
+        /// when the kernel refuses every attribute-only modify here (there
+        /// is no `state -> state` entry in its table, so even an empty mask
+        /// is refused).
+        allowed: Option<M>,
+    },
+    /// Leaving SQD (for anything but ERR) while the send queue is still
+    /// draining: the kernel refuses it (rxe with EINVAL). Wait for the
+    /// drain ([`QueuePair::wait_sq_drained`](super::QueuePair::wait_sq_drained)
+    /// or `IBV_EVENT_SQ_DRAINED`), or move to ERR.
+    SqDraining {
+        /// The QP's type.
+        qp_type: QpType,
+        /// The state asked for.
+        to: QpState,
+    },
+    /// More than one reason, each of which alone refuses the modify.
+    Several(Vec<ModifyError>),
     /// An attribute's value cannot be taken by this device or port.
     Value {
         /// The QP's type.
@@ -117,10 +146,56 @@ impl fmt::Display for ModifyError {
             }
             ModifyError::CurStateMismatch { known, given } => write!(
                 f,
-                "IBV_QP_CUR_STATE says {} but the QP is known to be in {} (resync it with query_qp if the device moved it)",
+                "IBV_QP_CUR_STATE says {} but the QP is known to be in {} (call QueuePair::resync() if the device moved it)",
                 given.short_name(),
                 known.short_name()
             ),
+            ModifyError::AttributeOnly {
+                qp_type,
+                state,
+                forbidden,
+                allowed,
+            } => {
+                let (t, st) = (qp_type.short_name(), state.short_name());
+                write!(f, "{t} attribute-only modify in {st} (no IBV_QP_STATE)")?;
+                match allowed {
+                    None => {
+                        write!(
+                            f,
+                            " is refused by the kernel whatever it carries: there is no {st}->{st} rule for {t}"
+                        )?;
+                        if !forbidden.is_empty() {
+                            write!(f, " (it carries {})", list(*forbidden))?;
+                        }
+                        f.write_str("; set IBV_QP_STATE to change state")
+                    }
+                    Some(allowed) => {
+                        write!(f, " does not take {}", list(*forbidden))?;
+                        if allowed.is_empty() {
+                            write!(f, "; it may carry nothing")
+                        } else {
+                            write!(f, "; it may carry {}", list(*allowed))
+                        }
+                    }
+                }
+            }
+            ModifyError::SqDraining { qp_type, to } => write!(
+                f,
+                "{} SQD->{} refused: the send queue is still draining (sq_draining); \
+                 wait for the drain (QueuePair::wait_sq_drained, or IBV_EVENT_SQ_DRAINED) \
+                 or move the QP to ERR",
+                qp_type.short_name(),
+                to.short_name()
+            ),
+            ModifyError::Several(all) => {
+                for (i, e) in all.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; and ")?;
+                    }
+                    write!(f, "{e}")?;
+                }
+                Ok(())
+            }
             ModifyError::UnexpectedState {
                 transition,
                 expected,
@@ -162,9 +237,11 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
     let from = qp.state;
     let to = attr.get_state().unwrap_or(from);
     let dev = qp.ctx.attr();
-    // CAP first: it is in no table entry, and the real reason is the device.
+    // Every reason is reported, not just the first: the device's (CAP) and
+    // the table's are independent.
+    let mut reasons = Vec::new();
     if attr.mask().contains(M::CAP) && !dev.capabilities.contains(DeviceCapFlags::RESIZE_MAX_WR) {
-        return Err(ModifyError::Value {
+        reasons.push(ModifyError::Value {
             qp_type: qp.qp_type,
             from,
             to,
@@ -175,16 +252,26 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
             ),
         });
     }
-    let to = check_transition(qp.qp_type, from, attr)?;
-    let value_err = |attr: M, reason: String| ModifyError::Value {
-        qp_type: qp.qp_type,
-        from,
-        to,
-        attr,
-        reason,
-    };
-    check_values(qp, attr, from, to, &value_err)?;
-    Ok(to)
+    match check_transition(qp.qp_type, from, attr) {
+        Ok(_) => {
+            let value_err = |attr: M, reason: String| ModifyError::Value {
+                qp_type: qp.qp_type,
+                from,
+                to,
+                attr,
+                reason,
+            };
+            if let Err(e) = check_values(qp, attr, from, to, &value_err) {
+                reasons.push(e);
+            }
+        }
+        Err(e) => reasons.push(e),
+    }
+    match reasons.len() {
+        0 => Ok(to),
+        1 => Err(reasons.pop().expect("one reason")),
+        _ => Err(ModifyError::Several(reasons)),
+    }
 }
 
 /// Checks a modify of a `qp_type` QP in state `from` against the kernel's
@@ -229,6 +316,9 @@ pub fn check_transition(
     if from == QpState::Unknown || to == QpState::Unknown {
         return Err(illegal);
     }
+    if attr.get_state().is_none() {
+        return check_attribute_only(qp_type, from, attr.mask());
+    }
     let rule = transition_rule(qp_type, from, to).ok_or(illegal)?;
     let mut mask = attr.mask() - M::STATE;
     let av_adds_port = mask.contains(M::AV) && !(from == QpState::Init && to == QpState::Rtr);
@@ -249,6 +339,60 @@ pub fn check_transition(
         });
     }
     Ok(to)
+}
+
+/// The source GID entry a GRH names must exist (the kernel: ENODATA), and
+/// on RoCE v2 be of the destination's family: an IPv4-mapped GID sends
+/// IPv4 packets, any other IPv6 (the kernel: EINVAL).
+fn check_sgid(ctx: &Context, port: u8, g: &super::values::GlobalRoute) -> Result<(), String> {
+    let index = g.sgid_index();
+    let entry = ctx
+        .query_gid_entry(port, index.into())
+        .map_err(|e| match e {
+            crate::Error::InvalidArgument { reason, .. } => format!("sgid_index {index}: {reason}"),
+            other => format!("sgid_index {index}: cannot read the GID entry: {other}"),
+        })?;
+    let v4 = |gid: crate::gid::Gid| gid.as_ipv6().to_ipv4_mapped().is_some();
+    let family = |ipv4: bool| if ipv4 { "IPv4" } else { "IPv6" };
+    if entry.gid_type == Some(crate::gid::GidType::RoceV2) && v4(entry.gid) != v4(g.dgid()) {
+        return Err(format!(
+            "sgid_index {index} is the RoCE v2 {} GID {}, which cannot reach the {} dgid {}: \
+             pick a source GID of the same family",
+            family(v4(entry.gid)),
+            entry.gid,
+            family(v4(g.dgid())),
+            g.dgid()
+        ));
+    }
+    Ok(())
+}
+
+/// An attribute-only modify (no `IBV_QP_STATE`): the kernel checks it as
+/// `state -> state`, which has no required attributes where it exists.
+fn check_attribute_only(qp_type: QpType, state: QpState, mask: M) -> Result<QpState, ModifyError> {
+    let refuse = |forbidden, allowed| {
+        Err(ModifyError::AttributeOnly {
+            qp_type,
+            state,
+            forbidden,
+            allowed,
+        })
+    };
+    let Some(rule) = transition_rule(qp_type, state, state) else {
+        return refuse(mask, None);
+    };
+    // IBV_QP_AV outside INIT->RTR brings IBV_QP_PORT with it.
+    let mut given = mask;
+    if given.contains(M::AV) {
+        given |= M::PORT;
+    }
+    let allowed = rule.required | rule.optional;
+    let forbidden = given - allowed;
+    if forbidden.is_empty() {
+        Ok(state)
+    } else {
+        refuse(forbidden, Some(allowed))
+    }
 }
 
 fn check_values(
@@ -291,8 +435,9 @@ fn check_values(
                 return Err(value_err(
                     M::PKEY_INDEX,
                     format!(
-                        "P_Key index {} is outside port {p}'s table of {len} entries",
-                        raw.pkey_index
+                        "P_Key index {} is outside port {p}'s {}",
+                        raw.pkey_index,
+                        table_of(len)
                     ),
                 ));
             }
@@ -359,13 +504,17 @@ fn check_values(
             Some(g) if u32::from(g.sgid_index()) >= pa.gid_tbl_len => Err(value_err(
                 flag,
                 format!(
-                    "sgid_index {} is outside port {}'s GID table of {} entries",
+                    "sgid_index {} is outside port {}'s GID {}",
                     g.sgid_index(),
                     av.port(),
-                    pa.gid_tbl_len
+                    table_of(pa.gid_tbl_len)
                 ),
             )),
-            _ => Ok(pa),
+            Some(g) => {
+                check_sgid(ctx, av.port(), g).map_err(|reason| value_err(flag, reason))?;
+                Ok(pa)
+            }
+            None => Ok(pa),
         }
     };
     if let Some(av) = attr.get_av() {
@@ -420,8 +569,10 @@ fn check_values(
             return Err(value_err(
                 M::ALT_PATH,
                 format!(
-                    "alt_pkey_index {} is outside port {}'s table of {len} entries",
-                    alt.pkey_index, alt.port
+                    "alt_pkey_index {} is outside port {}'s {}",
+                    alt.pkey_index,
+                    alt.port,
+                    table_of(len)
                 ),
             ));
         }
@@ -560,13 +711,64 @@ mod tests {
             check_transition(QpType::Rc, QpState::Rts, &a),
             Ok(QpState::Rts)
         );
-        // ... RTR->RTR is no transition at all, even with an empty mask.
+        // ... RTR->RTR is no transition at all, even with an empty mask,
+        // and the message says so in the user's terms.
+        let e = check_transition(QpType::Rc, QpState::Rtr, &QpAttr::new()).unwrap_err();
         assert!(matches!(
-            check_transition(QpType::Rc, QpState::Rtr, &QpAttr::new()),
-            Err(ModifyError::IllegalTransition { .. })
+            e,
+            ModifyError::AttributeOnly {
+                state: QpState::Rtr,
+                allowed: None,
+                ..
+            }
         ));
+        assert_eq!(
+            e.to_string(),
+            "RC attribute-only modify in RTR (no IBV_QP_STATE) is refused by the kernel \
+             whatever it carries: there is no RTR->RTR rule for RC; set IBV_QP_STATE to change state"
+        );
         // RESET->RESET takes nothing.
-        assert!(check_transition(QpType::Rc, QpState::Reset, &a).is_err());
+        let e = check_transition(QpType::Rc, QpState::Reset, &a).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "RC attribute-only modify in RESET (no IBV_QP_STATE) does not take \
+             IBV_QP_ACCESS_FLAGS; it may carry nothing"
+        );
+        // RTS->RTS on UD does not take ACCESS_FLAGS, and says what it takes.
+        let e = check_transition(QpType::Ud, QpState::Rts, &a).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "UD attribute-only modify in RTS (no IBV_QP_STATE) does not take \
+             IBV_QP_ACCESS_FLAGS; it may carry IBV_QP_CUR_STATE, IBV_QP_QKEY"
+        );
+    }
+
+    #[test]
+    fn messages_name_the_crate_s_method_and_count_right() {
+        let e = ModifyError::CurStateMismatch {
+            known: QpState::Rts,
+            given: QpState::Rtr,
+        };
+        assert!(e.to_string().contains("QueuePair::resync()"), "{e}");
+        assert!(!e.to_string().contains("query_qp"), "{e}");
+        assert_eq!(crate::error::table_of(1u32), "table of 1 entry");
+        assert_eq!(crate::error::table_of(16u32), "table of 16 entries");
+        let both = ModifyError::Several(vec![
+            ModifyError::SqDraining {
+                qp_type: QpType::Rc,
+                to: QpState::Rts,
+            },
+            ModifyError::IllegalTransition {
+                qp_type: QpType::Rc,
+                from: QpState::Sqd,
+                to: QpState::Init,
+            },
+        ]);
+        let text = both.to_string();
+        assert!(
+            text.contains("still draining") && text.contains("; and RC SQD->INIT is not a legal"),
+            "{text}"
+        );
     }
 
     #[test]

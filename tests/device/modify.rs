@@ -33,6 +33,15 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "modify::typed_apply_checks_the_from_state",
         typed_apply_checks_from_state,
     ),
+    (
+        "modify::leaving_sqd_while_draining_is_refused_until_drained",
+        sqd_drain_refused_then_waited,
+    ),
+    (
+        "modify::gid_entries_must_exist_and_fit_the_destination",
+        gid_entries_must_exist_and_fit,
+    ),
+    ("modify::refusal_messages", refusal_messages),
 ];
 
 struct Setup {
@@ -348,15 +357,17 @@ fn kernel_refusal_changes_nothing(env: &Env) -> Result<(), Failed> {
     let before = qp.query()?.0;
     let bad_av = AddressVector::new(env.port).global(GlobalRoute::new(s.gid, unused));
     let me = QpNum::new(qp.qp_num())?;
-    let r = qp.apply(InitToRtr::<Rc>::new(
-        bad_av,
-        s.mtu,
-        me,
-        Psn::new(5)?,
-        1,
-        MinRnrTimer::new(12)?,
-    ));
-    match r {
+    let rtr =
+        InitToRtr::<Rc>::new(bad_av, s.mtu, me, Psn::new(5)?, 1, MinRnrTimer::new(12)?).into_attr();
+    // The validator refuses the empty entry itself now ...
+    match qp.modify(&rtr) {
+        Err(Error::Modify(ModifyError::Value { reason, .. })) if reason.contains("empty") => {}
+        other => {
+            return Err(format!("validator: expected an empty-GID refusal, got {other:?}").into())
+        }
+    }
+    // ... and the kernel, asked directly, refuses it too (ENODATA).
+    match qp.modify_unchecked(&rtr) {
         Err(Error::Verb {
             verb: "ibv_modify_qp",
             errno,
@@ -396,28 +407,22 @@ fn rc_at_rts(env: &Env, s: &Setup) -> Result<Qp<Rc>, Failed> {
     Ok(qp)
 }
 
-/// SQD->RTS fails with EINVAL until draining ends: retry for a while.
+/// SQD->RTS once the send queue has drained.
 fn sqd_to_rts<T: Transport>(qp: &mut Qp<T>) -> Result<(), Failed>
 where
     SqdToRts<T>: Modify<T> + Default,
 {
-    for _ in 0..200 {
-        match qp.apply(SqdToRts::<T>::default()) {
-            Ok(()) => return Ok(()),
-            Err(Error::Verb {
-                errno: libc::EINVAL,
-                ..
-            }) => std::thread::sleep(std::time::Duration::from_millis(10)),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err("SQD->RTS kept failing with EINVAL for 2 s".into())
+    qp.wait_sq_drained(crate::common::deadline())?;
+    Ok(qp.apply(SqdToRts::<T>::default())?)
 }
 
 fn sqd_round_trips(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let mut rc = rc_at_rts(env, &s)?;
-    rc.apply(RtsToSqd::<Rc>::new().en_sqd_async_notify(false))?;
+    rc.enter_sqd(
+        RtsToSqd::<Rc>::new().en_sqd_async_notify(false),
+        crate::common::deadline(),
+    )?;
     ensure!(state_of(&rc)? == QpState::Sqd, "RC not SQD");
     let t = AckTimeout::new(18)?;
     rc.apply(
@@ -436,7 +441,7 @@ fn sqd_round_trips(env: &Env) -> Result<(), Failed> {
     let mut ud = Qp::<Ud>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
     let ud_ep = ud.local_endpoint(&ConnectOptions::default(), Psn::new(1)?)?;
     ud.connect(&ConnectOptions::default(), Psn::new(1)?, &ud_ep)?;
-    ud.apply(RtsToSqd::<Ud>::new())?;
+    ud.enter_sqd(RtsToSqd::<Ud>::new(), crate::common::deadline())?;
     ud.apply(SqdToSqd::<Ud>::new().qkey(QKey(0x4242)))?;
     ensure!(
         ud.query()?.0.qkey == QKey(0x4242),
@@ -596,11 +601,17 @@ fn value_checks(env: &Env) -> Result<(), Failed> {
         .capabilities
         .contains(rdma_verbs::DeviceCapFlags::RESIZE_MAX_WR)
     {
-        value_err(
-            rc.modify(&QpAttr::new().cap(QpCaps::default())),
-            QpAttrMask::CAP,
-            "CAP without RESIZE_MAX_WR",
-        )?;
+        // Two reasons: the device cannot resize, and no INIT->INIT rule
+        // takes CAP; both are reported.
+        match rc.modify(&QpAttr::new().cap(QpCaps::default())) {
+            Err(Error::Modify(ModifyError::Several(all))) => {
+                ensure!(
+                    matches!(&all[..], [ModifyError::Value { attr, .. }, ModifyError::AttributeOnly { .. }] if *attr == QpAttrMask::CAP),
+                    "CAP without RESIZE_MAX_WR: {all:?}"
+                );
+            }
+            other => return Err(format!("CAP without RESIZE_MAX_WR: {other:?}").into()),
+        }
     }
     ensure!(
         rc.state() == QpState::Init && state_of(&rc)? == QpState::Init,
@@ -743,5 +754,254 @@ fn typed_apply_checks_from_state(env: &Env) -> Result<(), Failed> {
     ensure!(e.to_string().contains("UD, not RC"), "{e}");
     let ud = Qp::<Ud>::from_dynamic(back).map_err(|(_, e)| e)?;
     ensure!(ud.state() == QpState::Reset, "state");
+    Ok(())
+}
+
+/// An RC QP whose peer does not answer yet keeps its send queue draining
+/// in SQD (rxe sends at most a window of packets unacknowledged, so a 1 MB
+/// write stays partly unsent): every move out of SQD but to ERR is refused
+/// by the crate with a typed error (and by the kernel with EINVAL), and
+/// `wait_sq_drained` times out; once the peer comes up and answers a
+/// retransmission, the drain ends, the wait returns and SQD->RTS goes
+/// through.
+fn sqd_drain_refused_then_waited(env: &Env) -> Result<(), Failed> {
+    use std::time::{Duration, Instant};
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(16)?;
+    let mut a = pd.create_qp(&QpInitAttr::new(rdma_verbs::QpType::Rc, &cq, &cq))?;
+    let mut b = pd.create_qp(&QpInitAttr::new(rdma_verbs::QpType::Rc, &cq, &cq))?;
+    let region = pd.register(
+        1 << 20,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    )?;
+    let src = pd
+        .alloc_chunks(1, 1 << 20, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .ok_or("no chunk")?;
+    let o = ConnectOptions {
+        port: env.port,
+        access: AccessFlags::REMOTE_WRITE,
+        // About 1 s per retransmission, 7 of them: time to bring b up.
+        timeout: AckTimeout::new(18)?,
+        ..Default::default()
+    };
+    let (ea, eb) = (
+        a.local_endpoint(&o, Psn::new(1)?)?,
+        b.local_endpoint(&o, Psn::new(2)?)?,
+    );
+    a.connect(&o, ea.psn, &eb)?; // b stays in RESET: it drops a's packets
+    let remote = RemoteAddr {
+        addr: region.addr(),
+        rkey: region.rkey(),
+    };
+    a.post_send([SendWr::new(1, SendOp::RdmaWrite(remote)).sge(src)])?;
+    a.modify(&QpAttr::new().state(QpState::Sqd))?;
+    ensure!(a.query()?.0.sq_draining, "the send queue is not draining");
+    for to in [QpState::Rts, QpState::Sqd, QpState::Reset] {
+        match a.modify(&QpAttr::new().state(to)) {
+            Err(Error::Modify(e @ ModifyError::SqDraining { .. })) => {
+                let text = e.to_string();
+                let head = format!(
+                    "RC SQD->{} refused: the send queue is still draining",
+                    to.short_name()
+                );
+                ensure!(
+                    text.starts_with(&head) && text.contains("wait_sq_drained"),
+                    "message: {text}"
+                );
+            }
+            other => return Err(format!("SQD->{to:?} while draining: {other:?}").into()),
+        }
+    }
+    // The kernel agrees (rxe: EINVAL), and nothing moved.
+    match a.modify_unchecked(&QpAttr::new().state(QpState::Rts)) {
+        Err(Error::Verb { errno, .. }) => {
+            eprintln!("modify: the kernel refused SQD->RTS while draining with errno {errno}")
+        }
+        other => return Err(format!("kernel SQD->RTS while draining: {other:?}").into()),
+    }
+    ensure!(state_of(&a)? == QpState::Sqd, "the QP left SQD");
+    match a.wait_sq_drained(Duration::from_millis(200)) {
+        Err(Error::Timeout { .. }) => {}
+        other => return Err(format!("wait while the peer is down: {other:?}").into()),
+    }
+    // b comes up; a's next retransmission gets through, the drain ends.
+    b.connect(&o, eb.psn, &ea)?;
+    let start = Instant::now();
+    a.wait_sq_drained(crate::common::deadline())?;
+    eprintln!(
+        "modify: the drain ended {:?} after the peer came up",
+        start.elapsed()
+    );
+    a.modify(&QpAttr::new().state(QpState::Rts))?;
+    ensure!(state_of(&a)? == QpState::Rts, "not back in RTS");
+    // rxe leaves the requester idle after SQD->RTS until the next post
+    // rings the doorbell: a second, small write does.
+    let kick = pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .ok_or("no chunk")?;
+    a.post_send([SendWr::new(2, SendOp::RdmaWrite(remote)).sge(kick)])?;
+    let wc = match crate::common::poll_n(&cq, 2) {
+        Ok(w) if w.iter().all(|c| c.is_success()) => w[1],
+        Ok(w) => return Err(format!("writes failed: {w:?}").into()),
+        Err(e) => {
+            let (qa, qb) = (a.query()?.0, b.query()?.0);
+            return Err(format!(
+                "{e:?}; a: {:?} sq_psn {:?} draining {}; b: {:?} rq_psn {:?}",
+                qa.state, qa.sq_psn, qa.sq_draining, qb.state, qb.rq_psn
+            )
+            .into());
+        }
+    };
+    ensure!(wc.is_success(), "{wc:?}");
+    ensure!(
+        a.reclaim(&wc, |_| ()) == 2,
+        "the writes' chunks did not come back"
+    );
+    // Waiting outside SQD is refused.
+    ensure!(
+        matches!(
+            a.wait_sq_drained(Duration::ZERO),
+            Err(Error::InvalidArgument { .. })
+        ),
+        "wait_sq_drained accepted a QP in RTS"
+    );
+    Ok(())
+}
+
+/// The source GID of a GRH must be a used entry (the kernel: ENODATA) and,
+/// for RoCE v2, of the destination's family (the kernel: EINVAL). Each is
+/// refused by the validator with a message naming the index, and the
+/// kernel, asked directly, refuses the same modify.
+fn gid_entries_must_exist_and_fit(env: &Env) -> Result<(), Failed> {
+    let s = setup(env)?;
+    let table: Vec<rdma_verbs::GidEntry> = env
+        .ctx
+        .gid_table()?
+        .into_iter()
+        .filter(|e| e.port == u32::from(env.port))
+        .collect();
+    let len = env.ctx.query_port(env.port)?.gid_tbl_len;
+    let refused_both = |sgid: u8, dgid: rdma_verbs::Gid, needle: &str| -> Result<String, Failed> {
+        let mut qp = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
+        qp.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
+        let me = QpNum::new(qp.qp_num())?;
+        let av = AddressVector::new(env.port).global(GlobalRoute::new(dgid, sgid));
+        let rtr =
+            InitToRtr::<Rc>::new(av, s.mtu, me, Psn::new(1)?, 1, MinRnrTimer::new(12)?).into_attr();
+        let text = match qp.modify(&rtr) {
+            Err(Error::Modify(e @ ModifyError::Value { .. })) => e.to_string(),
+            other => return Err(format!("sgid {sgid} -> {dgid}: validator gave {other:?}").into()),
+        };
+        ensure!(
+            text.contains(&format!("sgid_index {sgid}")) && text.contains(needle),
+            "message lacks the index or {needle:?}: {text}"
+        );
+        match qp.modify_unchecked(&rtr) {
+            Err(Error::Verb { errno, .. }) => {
+                eprintln!("modify: {text}\n        (the kernel: errno {errno})")
+            }
+            other => {
+                return Err(format!(
+                    "the kernel accepted what the validator refused: {other:?} ({text})"
+                )
+                .into())
+            }
+        }
+        ensure!(qp.state() == QpState::Init, "moved");
+        Ok(text)
+    };
+    // An empty entry.
+    let empty = (0..len.min(256))
+        .find(|i| !table.iter().any(|e| e.index == *i))
+        .ok_or("no empty GID entry")? as u8;
+    refused_both(empty, s.gid, "empty")?;
+    // A RoCE v2 IPv6 source with an IPv4-mapped destination, and the reverse.
+    let v2 = |v4: bool| {
+        table.iter().find(|e| {
+            e.gid_type == Some(rdma_verbs::GidType::RoceV2)
+                && e.gid.as_ipv6().to_ipv4_mapped().is_some() == v4
+        })
+    };
+    match (v2(false), v2(true)) {
+        (Some(v6), Some(v4)) => {
+            refused_both(v6.index as u8, v4.gid, "IPv4 dgid")?;
+            refused_both(v4.index as u8, v6.gid, "IPv6 dgid")?;
+        }
+        _ => eprintln!(
+            "modify: {} has no RoCE v2 GIDs of both families; family check not exercised",
+            env.ctx.name()
+        ),
+    }
+    Ok(())
+}
+
+/// The messages of the refusals issue 8 names, on a real device.
+fn refusal_messages(env: &Env) -> Result<(), Failed> {
+    let s = setup(env)?;
+    let text = |r: rdma_verbs::Result<()>| -> Result<String, Failed> {
+        match r {
+            Err(e @ Error::Modify(_)) => Ok(e.to_string()),
+            other => Err(format!("expected a refusal, got {other:?}").into()),
+        }
+    };
+    let mut rc = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
+    rc.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
+    let me = QpNum::new(rc.qp_num())?;
+    rc.apply(InitToRtr::<Rc>::new(
+        av(env, &s),
+        s.mtu,
+        me,
+        Psn::new(0)?,
+        1,
+        MinRnrTimer::new(12)?,
+    ))?;
+    // An empty mask in RTR: an attribute-only modify the kernel refuses.
+    let t = text(rc.modify(&QpAttr::new()))?;
+    ensure!(
+        t == "RC attribute-only modify in RTR (no IBV_QP_STATE) is refused by the kernel whatever \
+              it carries: there is no RTR->RTR rule for RC; set IBV_QP_STATE to change state",
+        "{t}"
+    );
+    // The kernel agrees (6.1).
+    ensure!(
+        matches!(rc.modify_unchecked(&QpAttr::new()), Err(Error::Verb { .. })),
+        "the kernel took an empty mask in RTR"
+    );
+    // CAP on a device that cannot resize, together with a missing
+    // attribute: both reasons.
+    if !env
+        .ctx
+        .attr()
+        .capabilities
+        .contains(rdma_verbs::DeviceCapFlags::RESIZE_MAX_WR)
+    {
+        let t = text(rc.modify(&QpAttr::new().state(QpState::Rts).cap(QpCaps::default())))?;
+        ensure!(
+            t.contains("IBV_DEVICE_RESIZE_MAX_WR") && t.contains("; and RC RTR->RTS is missing"),
+            "not every reason: {t}"
+        );
+    }
+    // CUR_STATE that is not the known state: the message names resync().
+    let t = text(
+        rc.modify(
+            &QpAttr::new()
+                .state(QpState::Rts)
+                .cur_state(QpState::Init)
+                .sq_psn(Psn::new(0)?),
+        ),
+    )?;
+    ensure!(t.contains("QueuePair::resync()"), "{t}");
+    // A P_Key index past the table, counted right.
+    let len = env.ctx.query_port(env.port)?.pkey_tbl_len;
+    let mut fresh = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
+    let t = text(fresh.apply(ResetToInit::<Rc>::new(len, env.port, AccessFlags::empty())))?;
+    let want = if len == 1 {
+        "table of 1 entry".to_owned()
+    } else {
+        format!("table of {len} entries")
+    };
+    ensure!(t.contains(&want), "{t}");
     Ok(())
 }
