@@ -8,6 +8,9 @@
 //! enough. The typed builders are used throughout; the last step shows the
 //! validator refusing a modify before it reaches the device.
 
+#[path = "common/time.rs"]
+mod time;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -93,14 +96,10 @@ fn show(label: &str, qp: &QueuePair) -> Result<()> {
     Ok(())
 }
 
-/// How long to wait for a send queue to drain: 10 s, or
-/// `RDMA_VERBS_DRAIN_SECS` on a slow machine.
+/// How long to wait for a send queue to drain: 10 s, stretched by
+/// `RDMA_VERBS_TIME_SCALE` on a slow machine.
 fn drain_timeout() -> Duration {
-    let secs = std::env::var("RDMA_VERBS_DRAIN_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    Duration::from_secs(secs)
+    time::scaled(Duration::from_secs(10))
 }
 
 fn run(o: &Options) -> Result<()> {

@@ -62,6 +62,9 @@
 //! host) unless the QP asked for the standard behaviour; a wrong byte order
 //! shows here as an error that says so.
 
+#[path = "common/time.rs"]
+mod time;
+
 use std::error::Error as StdError;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -96,7 +99,11 @@ const RECV_LEN: usize = 64;
 /// How the server's answer starts when the client said it failed.
 const CLIENT_FAILED: &str = "the client failed";
 /// The longest the program waits for a completion or a message.
-const TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a side waits for its peer: 60 s, stretched by
+/// `RDMA_VERBS_TIME_SCALE`.
+fn timeout() -> Duration {
+    time::scaled(Duration::from_secs(60))
+}
 
 // wr_ids of the client's requests, one of each per iteration.
 const WR_WRITE: u64 = 1;
@@ -518,12 +525,12 @@ fn serve(
     let mut done = Vec::new();
     let mut line = Vec::new();
     let mut client_done = false;
-    let mut deadline = Instant::now() + TIMEOUT;
+    let mut deadline = Instant::now() + timeout();
     tcp.set_nonblocking(true)?;
     while !(client_done && got == o.iters) {
         done.clear();
         if poll_once(cq, qp, &mut done)? > 0 {
-            deadline = Instant::now() + TIMEOUT;
+            deadline = Instant::now() + timeout();
         }
         for d in done.drain(..) {
             expect_opcode(&d, WcOpcode::RecvRdmaWithImm)?;
@@ -563,7 +570,7 @@ fn serve(
                 Ok(0) => return Err("the client closed the connection before DONE".into()),
                 Ok(n) => {
                     line.extend_from_slice(&buf[..n]);
-                    deadline = Instant::now() + TIMEOUT;
+                    deadline = Instant::now() + timeout();
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e.into()),
@@ -580,7 +587,7 @@ fn serve(
         if Instant::now() > deadline {
             return Err(format!(
                 "nothing happened for {}s ({got} of {} writes with imm received)",
-                TIMEOUT.as_secs(),
+                timeout().as_secs(),
                 o.iters
             )
             .into());
@@ -622,7 +629,7 @@ fn check_region(o: &Options, region: &MemoryRegion) -> Res<()> {
 
 /// Connects, retrying for a while if the server is not listening yet.
 fn connect_tcp(host: &str, port: u16) -> Res<TcpStream> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + time::scaled(Duration::from_secs(20));
     loop {
         match TcpStream::connect((host, port)) {
             Ok(s) => return Ok(s),
@@ -710,7 +717,7 @@ fn client(o: &Options, host: &str) -> Res<()> {
         return Err(e);
     }
     tcp.write_all(b"DONE\n")?;
-    tcp.set_read_timeout(Some(TIMEOUT))?;
+    tcp.set_read_timeout(Some(timeout()))?;
     let answer = read_line(&mut tcp).map_err(|e| format!("no verdict from the server: {e}"))?;
     if answer != "OK" {
         let why = answer.strip_prefix("FAIL ").unwrap_or(&answer);
@@ -732,14 +739,14 @@ fn client(o: &Options, host: &str) -> Res<()> {
 /// Polls until `want` completions arrived, or the timeout.
 fn wait(cq: &CompletionQueue, qp: &mut QueuePair, want: usize, out: &mut Vec<Done>) -> Res<()> {
     out.clear();
-    let deadline = Instant::now() + TIMEOUT;
+    let deadline = Instant::now() + timeout();
     while out.len() < want {
         if poll_once(cq, qp, out)? == 0 {
             if Instant::now() > deadline {
                 return Err(format!(
                     "{} of {want} completions after {}s",
                     out.len(),
-                    TIMEOUT.as_secs()
+                    timeout().as_secs()
                 )
                 .into());
             }

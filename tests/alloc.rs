@@ -11,7 +11,7 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use libtest_mimic::Failed;
 use rdma_verbs::qp::{ConnectOptions, Psn, RecvWr, SendOp, SendWr};
@@ -143,7 +143,7 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
                 a.reclaim(wc, |d| d.chunks().for_each(&mut put));
                 b.reclaim(wc, |d| d.chunks().for_each(&mut put));
             }
-            if start.elapsed() > Duration::from_secs(10) {
+            if start.elapsed() > common::deadline() {
                 return Err("completions did not arrive".into());
             }
         }

@@ -224,7 +224,12 @@ fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), Failed> {
     }
     match status {
         Some(st) => Ok((st.success(), out)),
-        None => Ok((false, format!("{out}\n(killed after {limit:?})"))),
+        None => Ok((
+            false,
+            format!(
+                "{out}\n(killed after {limit:?}; raise RDMA_VERBS_TIME_SCALE on a slow machine)"
+            ),
+        )),
     }
 }
 
@@ -311,15 +316,21 @@ fn pair(
     };
     let server_child = spawn(server.0, server.1, None)?;
     let start = Instant::now();
+    let listen_limit = common::deadline();
     while !listening(tcp_port) {
-        if start.elapsed() > Duration::from_secs(10) {
+        if start.elapsed() > listen_limit {
             let (_, out) = finish(server_child, Duration::ZERO)?;
-            return Err(format!("{what}: the server never listened on {tcp_port}:\n{out}").into());
+            return Err(format!(
+                "{what}: waited {listen_limit:?} for the server to listen on TCP port {tcp_port} \
+                 (raise RDMA_VERBS_TIME_SCALE on a slow machine):\n{out}"
+            )
+            .into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     let client_child = spawn(client.0, client.1, Some("127.0.0.1"))?;
-    let limit = Duration::from_secs(120);
+    // A run of 1,000 iterations takes seconds; a loaded machine, minutes.
+    let limit = common::scaled(Duration::from_secs(120));
     let (client_ok, client_out) = finish(client_child, limit)?;
     let (server_ok, server_out) = finish(server_child, limit)?;
     ensure!(

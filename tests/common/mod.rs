@@ -108,14 +108,28 @@ macro_rules! ensure {
     };
 }
 
+/// `base` times `RDMA_VERBS_TIME_SCALE` (a positive number, default 1):
+/// every wait of the tests stretches with it on a slow or busy machine.
+pub fn scaled(base: std::time::Duration) -> std::time::Duration {
+    let factor = std::env::var("RDMA_VERBS_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|f| f.is_finite() && *f > 0.0)
+        .unwrap_or(1.0);
+    base.mul_f64(factor)
+}
+
 /// How long a test waits for something that must happen (completions, an
-/// event): 20 s, or `RDMA_VERBS_TEST_DEADLINE_SECS` on a slow machine.
+/// event, a drain): `RDMA_VERBS_TEST_DEADLINE_SECS` if set, else 20 s
+/// [`scaled`].
 pub fn deadline() -> std::time::Duration {
-    let secs = std::env::var("RDMA_VERBS_TEST_DEADLINE_SECS")
+    match std::env::var("RDMA_VERBS_TEST_DEADLINE_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
-    std::time::Duration::from_secs(secs)
+    {
+        Some(secs) => std::time::Duration::from_secs(secs),
+        None => scaled(std::time::Duration::from_secs(20)),
+    }
 }
 
 /// Connection options on the test port with `access`.
@@ -181,7 +195,7 @@ pub fn poll_n(
         out.extend_from_slice(cq.poll(&mut wcs[..n - out.len()])?);
         ensure!(
             start.elapsed() < deadline(),
-            "{} of {n} completions after {:?} (RDMA_VERBS_TEST_DEADLINE_SECS): {out:?}",
+            "{} of {n} completions after {:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine): {out:?}",
             out.len(),
             deadline()
         );
