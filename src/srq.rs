@@ -100,14 +100,15 @@ impl SharedReceiveQueue {
                 format!("limit {limit} is above max_wr {max_wr}"),
             ));
         }
-        let mut attr = sys::ibv_srq_init_attr {
-            srq_context: std::ptr::null_mut(),
-            attr: sys::ibv_srq_attr {
-                max_wr,
-                max_sge,
-                srq_limit: limit,
-            },
-        };
+        // Zeroed whole, padding included: libibverbs copies the struct's
+        // full size into an `ibv_srq_init_attr_ex` and reads `comp_mask`
+        // from where this struct's tail padding lies (valgrind found it).
+        // SAFETY: all-zero bytes are a valid `ibv_srq_init_attr` (integers
+        // and a null pointer).
+        let mut attr: sys::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        attr.attr.max_wr = max_wr;
+        attr.attr.max_sge = max_sge;
+        attr.attr.srq_limit = limit;
         // SAFETY: the PD is live; `attr` is a valid in/out struct.
         let raw = check_ptr(VERB, unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) })?;
         let slots = attr.attr.max_wr.clamp(max_wr, MAX_WR) as usize;

@@ -190,14 +190,14 @@ pub fn poll_n(
 ) -> Result<Vec<rdma_verbs::WorkCompletion>, Failed> {
     let mut out = Vec::new();
     let mut wcs = [rdma_verbs::WorkCompletion::default(); 16];
-    let start = std::time::Instant::now();
+    let (start, limit) = (std::time::Instant::now(), deadline());
     while out.len() < n {
-        out.extend_from_slice(cq.poll(&mut wcs[..n - out.len()])?);
+        let room = (n - out.len()).min(wcs.len());
+        out.extend_from_slice(cq.poll(&mut wcs[..room])?);
         ensure!(
-            start.elapsed() < deadline(),
-            "{} of {n} completions after {:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine): {out:?}",
-            out.len(),
-            deadline()
+            start.elapsed() < limit,
+            "{} of {n} completions after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine): {out:?}",
+            out.len()
         );
     }
     Ok(out)
