@@ -20,30 +20,6 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ),
 ];
 
-/// The first index of the test port's GID table (below `limit`) that
-/// `gid_table()` does not list: an empty entry.
-fn empty_index(env: &Env, limit: u32) -> Result<u32, Failed> {
-    let len = env.ctx.query_port(env.port)?.gid_tbl_len;
-    let used: Vec<u32> = env
-        .ctx
-        .gid_table()?
-        .iter()
-        .filter(|e| e.port == u32::from(env.port))
-        .map(|e| e.index)
-        .collect();
-    ensure!(!used.is_empty(), "port {} lists no GIDs", env.port);
-    (0..len.min(limit))
-        .find(|i| !used.contains(i))
-        .ok_or_else(|| {
-            format!(
-                "port {} has no empty GID entry below {} (table of {len}, used {used:?})",
-                env.port,
-                len.min(limit)
-            )
-            .into()
-        })
-}
-
 /// Checks that `result` is the empty-entry error of `verb` for `index`.
 fn is_empty_entry_error<T: std::fmt::Debug>(
     env: &Env,
@@ -73,7 +49,7 @@ fn is_empty_entry_error<T: std::fmt::Debug>(
 }
 
 fn query_gid_of_an_empty_entry_is_an_error(env: &Env) -> Result<(), Failed> {
-    let index = empty_index(env, u32::MAX)?;
+    let index = crate::common::empty_gid_index(env, u32::MAX)?;
     is_empty_entry_error(
         env,
         "query_gid",
@@ -105,7 +81,7 @@ fn query_gid_of_an_empty_entry_is_an_error(env: &Env) -> Result<(), Failed> {
 
 fn local_endpoint_with_an_empty_gid_index_fails(env: &Env) -> Result<(), Failed> {
     // ConnectOptions::gid_index is a u8.
-    let index = empty_index(env, 256)?;
+    let index = crate::common::empty_gid_index(env, 256)?;
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     for t in [QpType::Rc, QpType::Uc] {

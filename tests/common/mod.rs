@@ -108,16 +108,11 @@ macro_rules! ensure {
     };
 }
 
-/// `base` times `RDMA_VERBS_TIME_SCALE` (a positive number, default 1):
-/// every wait of the tests stretches with it on a slow or busy machine.
-pub fn scaled(base: std::time::Duration) -> std::time::Duration {
-    let factor = std::env::var("RDMA_VERBS_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|f| f.is_finite() && *f > 0.0)
-        .unwrap_or(1.0);
-    base.mul_f64(factor)
-}
+// `scaled(base)`: `base` times `RDMA_VERBS_TIME_SCALE`, the one reading of
+// that variable the examples use too.
+#[path = "../../examples/common/time.rs"]
+mod time;
+pub use time::scaled;
 
 /// How long a test waits for something that must happen (completions, an
 /// event, a drain): `RDMA_VERBS_TEST_DEADLINE_SECS` if set, else 20 s
@@ -201,4 +196,28 @@ pub fn poll_n(
         );
     }
     Ok(out)
+}
+
+/// The first index of the test port's GID table (below `limit`) that
+/// `gid_table()` does not list: an empty entry.
+pub fn empty_gid_index(env: &Env, limit: u32) -> Result<u32, Failed> {
+    let len = env.ctx.query_port(env.port)?.gid_tbl_len;
+    let used: Vec<u32> = env
+        .ctx
+        .gid_table()?
+        .iter()
+        .filter(|e| e.port == u32::from(env.port))
+        .map(|e| e.index)
+        .collect();
+    ensure!(!used.is_empty(), "port {} lists no GIDs", env.port);
+    (0..len.min(limit))
+        .find(|i| !used.contains(i))
+        .ok_or_else(|| {
+            format!(
+                "port {} has no empty GID entry below {} (table of {len}, used {used:?})",
+                env.port,
+                len.min(limit)
+            )
+            .into()
+        })
 }

@@ -337,21 +337,12 @@ fn missing_required_refused_twice(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A modify the validator passes but the kernel refuses (an AV naming an
-/// unused GID table entry) changes neither the QP nor its known state.
+/// A modify the kernel refuses (an AV naming an unused GID table entry,
+/// which the validator refuses first, sent unchecked) changes neither the
+/// QP nor its known state.
 fn kernel_refusal_changes_nothing(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
-    let used: Vec<u32> = env
-        .ctx
-        .gid_table()?
-        .iter()
-        .filter(|e| e.port == u32::from(env.port))
-        .map(|e| e.index)
-        .collect();
-    let len = env.ctx.query_port(env.port)?.gid_tbl_len;
-    let unused = (0..len.min(256))
-        .find(|i| !used.contains(i))
-        .ok_or("no unused GID index")? as u8;
+    let unused = crate::common::empty_gid_index(env, 256)? as u8;
     let mut qp = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
     qp.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
     let before = qp.query()?.0;
@@ -642,6 +633,22 @@ fn value_checks(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
+/// An RC QP connected to itself, at RTR with `max_dest_rd_atomic`.
+fn rc_at_rtr(env: &Env, s: &Setup, max_dest_rd_atomic: u8) -> Result<Qp<Rc>, Failed> {
+    let mut rc = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
+    rc.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
+    let me = QpNum::new(rc.qp_num())?;
+    rc.apply(InitToRtr::<Rc>::new(
+        av(env, s),
+        s.mtu,
+        me,
+        Psn::new(0)?,
+        max_dest_rd_atomic,
+        MinRnrTimer::new(12)?,
+    ))?;
+    Ok(rc)
+}
+
 /// rxe rounds rd_atomic counts up to a power of two (documented on
 /// `QpAttributes`): 12 reads back as 16.
 fn rd_atomic_rounding(env: &Env) -> Result<(), Failed> {
@@ -652,17 +659,7 @@ fn rd_atomic_rounding(env: &Env) -> Result<(), Failed> {
         );
     }
     let s = setup(env)?;
-    let mut rc = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
-    rc.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
-    let me = QpNum::new(rc.qp_num())?;
-    rc.apply(InitToRtr::<Rc>::new(
-        av(env, &s),
-        s.mtu,
-        me,
-        Psn::new(0)?,
-        12,
-        MinRnrTimer::new(12)?,
-    ))?;
+    let mut rc = rc_at_rtr(env, &s, 12)?;
     rc.apply(RtrToRts::<Rc>::new(
         AckTimeout::new(14)?,
         RetryCount::new(7)?,
@@ -882,7 +879,6 @@ fn gid_entries_must_exist_and_fit(env: &Env) -> Result<(), Failed> {
         .into_iter()
         .filter(|e| e.port == u32::from(env.port))
         .collect();
-    let len = env.ctx.query_port(env.port)?.gid_tbl_len;
     let refused_both = |sgid: u8, dgid: rdma_verbs::Gid, needle: &str| -> Result<String, Failed> {
         let mut qp = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
         qp.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
@@ -913,9 +909,7 @@ fn gid_entries_must_exist_and_fit(env: &Env) -> Result<(), Failed> {
         Ok(text)
     };
     // An empty entry.
-    let empty = (0..len.min(256))
-        .find(|i| !table.iter().any(|e| e.index == *i))
-        .ok_or("no empty GID entry")? as u8;
+    let empty = crate::common::empty_gid_index(env, 256)? as u8;
     refused_both(empty, s.gid, "empty")?;
     // A RoCE v2 IPv6 source with an IPv4-mapped destination, and the reverse.
     let v2 = |v4: bool| {
@@ -946,17 +940,7 @@ fn refusal_messages(env: &Env) -> Result<(), Failed> {
             other => Err(format!("expected a refusal, got {other:?}").into()),
         }
     };
-    let mut rc = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
-    rc.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
-    let me = QpNum::new(rc.qp_num())?;
-    rc.apply(InitToRtr::<Rc>::new(
-        av(env, &s),
-        s.mtu,
-        me,
-        Psn::new(0)?,
-        1,
-        MinRnrTimer::new(12)?,
-    ))?;
+    let mut rc = rc_at_rtr(env, &s, 1)?;
     // An empty mask in RTR: an attribute-only modify the kernel refuses.
     let t = text(rc.modify(&QpAttr::new()))?;
     ensure!(
