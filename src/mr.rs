@@ -239,13 +239,13 @@ impl MemoryRegion {
     /// the peer (a send, a write with immediate, a flag written last).
     pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range("MemoryRegion::write", offset, data.len())?;
-        // SAFETY: `offset..offset + data.len()` is inside the live buffer
-        // (checked above), so the `add` stays in the allocation and the
-        // destination is valid for writes; `data` cannot overlap it because
-        // the buffer is never lent out as a Rust reference. `&mut self`
-        // excludes every other Rust access for the duration; the device's
-        // accesses are outside Rust's memory model and met only by volatile
-        // stores.
+        // `offset..offset + data.len()` is inside the live buffer (checked
+        // above), so the `add` stays in the allocation and the destination
+        // is valid for writes; `data` cannot overlap it because the buffer
+        // is never lent out as a Rust reference. `&mut self` excludes every
+        // other Rust access for the duration; the device's accesses are
+        // outside Rust's memory model and met only by volatile stores.
+        // SAFETY: in bounds, no overlap, no racing Rust access (above).
         unsafe { volatile_write(self.buffer().ptr.as_ptr().add(offset), data) };
         Ok(())
     }
@@ -266,13 +266,13 @@ impl MemoryRegion {
     /// in a way a torn read cannot fool, e.g. a single byte).
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range("MemoryRegion::read", offset, out.len())?;
-        // SAFETY: `offset..offset + out.len()` is inside the live buffer
-        // (checked above), so the `add` stays in the allocation and the
-        // source is valid for reads; `out` cannot overlap it because the
-        // buffer is never lent out as a Rust reference. No Rust write can
-        // run while `&self` is held (writes take `&mut self`); the device's
-        // writes are outside Rust's memory model and met only by volatile
-        // loads.
+        // `offset..offset + out.len()` is inside the live buffer (checked
+        // above), so the `add` stays in the allocation and the source is
+        // valid for reads; `out` cannot overlap it because the buffer is
+        // never lent out as a Rust reference. No Rust write can run while
+        // `&self` is held (writes take `&mut self`); the device's writes are
+        // outside Rust's memory model and met only by volatile loads.
+        // SAFETY: in bounds, no overlap, no racing Rust write (above).
         unsafe { volatile_read(self.buffer().ptr.as_ptr().add(offset), out) };
         Ok(())
     }
@@ -352,10 +352,11 @@ unsafe fn volatile_read(src: *const u8, out: &mut [u8]) {
         i += 1;
     }
     while len - i >= WORD {
-        // SAFETY: `src + i .. src + i + 8` is in the readable range
-        // (`i + 8 <= len`), and `src + i` is 8-byte aligned: `src + head` is
-        // (`head < len` here, so it is the real `align_offset`), and `i`
-        // advances from `head` in steps of 8.
+        // `src + i .. src + i + 8` is in the readable range (`i + 8 <=
+        // len`), and `src + i` is 8-byte aligned: `src + head` is (`head <
+        // len` here, so it is the real `align_offset`), and `i` advances
+        // from `head` in steps of 8.
+        // SAFETY: in range and aligned (above).
         let word = unsafe { src.add(i).cast::<u64>().read_volatile() };
         out[i..i + WORD].copy_from_slice(&word.to_ne_bytes());
         i += WORD;
