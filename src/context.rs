@@ -240,10 +240,10 @@ impl Context {
             .map(|raw| GidEntry::from_raw(&raw))
     }
 
-    /// `ibv_query_gid_ex` of an index inside the table; an unused entry
-    /// (ENODATA, or an all-zero GID) becomes
+    /// `ibv_query_gid_ex` of an index the caller checked is inside the
+    /// table; an unused entry (ENODATA, or an all-zero GID) becomes
     /// [`empty_gid_entry`](Self::empty_gid_entry).
-    fn raw_gid_entry(
+    pub(crate) fn raw_gid_entry(
         &self,
         verb: &'static str,
         port: u8,

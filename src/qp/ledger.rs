@@ -292,7 +292,7 @@ impl<T> Ledger<T> {
     /// Hands back every outstanding request, oldest first (after the queue
     /// was reset or destroyed).
     pub(crate) fn drain(&mut self, mut f: impl FnMut(Released<T>)) -> usize {
-        let mut stamps: Vec<u64> = if self.kind == Kind::Send {
+        let stamps: Vec<u64> = if self.kind == Kind::Send {
             self.order.drain(..).collect()
         } else {
             let mut v: Vec<u64> = self.slots.iter().flatten().map(|e| e.stamp).collect();
@@ -302,9 +302,7 @@ impl<T> Ledger<T> {
         for &s in &stamps {
             self.take(s, false, &mut f);
         }
-        let n = stamps.len();
-        stamps.clear();
-        n
+        stamps.len()
     }
 }
 

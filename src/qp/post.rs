@@ -225,6 +225,41 @@ impl Sges {
         }
     }
 
+    /// The entry checks every request gets before any call: no chunk past
+    /// [`MAX_SGE`] (or given a length past its end), at most `max_sge`
+    /// entries (the queue's limit, called `limit` in the message), and
+    /// every chunk in protection domain `pd`.
+    fn check(
+        &self,
+        verb: &'static str,
+        max_sge: usize,
+        limit: &str,
+        pd: *mut sys::ibv_pd,
+    ) -> Result<()> {
+        if !self.overflow.is_empty() {
+            return Err(Error::invalid(
+                verb,
+                format!(
+                    "{} entries: more than {MAX_SGE}, or an entry longer than its chunk",
+                    self.n + self.overflow.len()
+                ),
+            ));
+        }
+        if self.n > max_sge {
+            return Err(Error::invalid(
+                verb,
+                format!("{} entries but {limit} is {max_sge}", self.n),
+            ));
+        }
+        if self.chunks.iter().flatten().any(|c| c.pd_ptr() != pd) {
+            return Err(Error::invalid(
+                verb,
+                "a chunk belongs to another protection domain",
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn drain_into(&mut self, out: &mut Vec<Chunk>) {
         out.extend(self.chunks.iter_mut().filter_map(Option::take));
         out.append(&mut self.overflow);
@@ -581,25 +616,12 @@ impl QueuePair {
                 ));
             }
         }
-        if !wr.sges.overflow.is_empty() {
-            return Err(Error::invalid(
-                VERB,
-                format!(
-                    "{} entries: more than {MAX_SGE}, or an entry longer than its chunk",
-                    wr.sges.n + wr.sges.overflow.len()
-                ),
-            ));
-        }
-        if wr.sges.n > self.caps().max_send_sge as usize {
-            return Err(Error::invalid(
-                VERB,
-                format!(
-                    "{} entries but the QP's max_send_sge is {}",
-                    wr.sges.n,
-                    self.caps().max_send_sge
-                ),
-            ));
-        }
+        wr.sges.check(
+            VERB,
+            self.caps().max_send_sge as usize,
+            "the QP's max_send_sge",
+            self.pd().as_ptr(),
+        )?;
         if let Some(data) = wr.inline {
             if wr.sges.n > 0 {
                 return Err(Error::invalid(
@@ -627,14 +649,6 @@ impl QueuePair {
                         data.len(),
                         self.caps().max_inline_data
                     ),
-                ));
-            }
-        }
-        for chunk in wr.sges.chunks.iter().flatten() {
-            if chunk.pd_ptr() != self.pd().as_ptr() {
-                return Err(Error::invalid(
-                    VERB,
-                    "a chunk belongs to another protection domain",
                 ));
             }
         }
@@ -1162,28 +1176,7 @@ pub(crate) fn check_recv(
     pd: *mut sys::ibv_pd,
     verb: &'static str,
 ) -> Result<()> {
-    if !wr.sges.overflow.is_empty() {
-        return Err(Error::invalid(
-            verb,
-            format!(
-                "{} entries: more than {MAX_SGE}",
-                wr.sges.n + wr.sges.overflow.len()
-            ),
-        ));
-    }
-    if wr.sges.n > max_sge {
-        return Err(Error::invalid(
-            verb,
-            format!("{} entries but max_recv_sge is {max_sge}", wr.sges.n),
-        ));
-    }
-    if wr.sges.chunks.iter().flatten().any(|c| c.pd_ptr() != pd) {
-        return Err(Error::invalid(
-            verb,
-            "a chunk belongs to another protection domain",
-        ));
-    }
-    Ok(())
+    wr.sges.check(verb, max_sge, "max_recv_sge", pd)
 }
 
 /// The fields the two raw request types chain with.

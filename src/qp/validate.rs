@@ -343,11 +343,14 @@ pub fn check_transition(
 
 /// The source GID entry a GRH names must exist (the kernel: ENODATA), and
 /// on RoCE v2 be of the destination's family: an IPv4-mapped GID sends
-/// IPv4 packets, any other IPv6 (the kernel: EINVAL).
+/// IPv4 packets, any other IPv6 (the kernel: EINVAL). The caller checked
+/// the index against the port's table (no second port query here).
 fn check_sgid(ctx: &Context, port: u8, g: &super::values::GlobalRoute) -> Result<(), String> {
+    const VERB: &str = "ibv_query_gid_ex";
     let index = g.sgid_index();
     let entry = ctx
-        .query_gid_entry(port, index.into())
+        .raw_gid_entry(VERB, port, index.into())
+        .map(|raw| crate::gid::GidEntry::from_raw(&raw))
         .map_err(|e| match e {
             crate::Error::InvalidArgument { reason, .. } => format!("sgid_index {index}: {reason}"),
             other => format!("sgid_index {index}: cannot read the GID entry: {other}"),
