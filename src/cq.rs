@@ -132,11 +132,13 @@ impl CompletionQueue {
         })
     }
 
+    #[inline]
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.inner.as_ptr()
     }
 
     /// The context the CQ belongs to.
+    #[inline]
     pub fn context(&self) -> &Context {
         &self.inner.keep().ctx
     }
@@ -144,6 +146,7 @@ impl CompletionQueue {
     /// Asks for a completion event on the CQ's channel at the next
     /// completion (or the next solicited one, if `solicited_only`).
     #[doc(alias = "ibv_req_notify_cq")]
+    #[inline]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         if self.inner.keep()._channel.is_none() {
             return Err(Error::invalid(
@@ -157,6 +160,7 @@ impl CompletionQueue {
     }
 
     /// How many completions the CQ holds (`cqe`), possibly more than asked for.
+    #[inline]
     pub fn capacity(&self) -> u32 {
         // SAFETY: the CQ is live; plain field read.
         u32::try_from(unsafe { (*self.as_ptr()).cqe }).unwrap_or(0)
@@ -166,6 +170,7 @@ impl CompletionQueue {
     ///
     /// An empty result means the CQ had nothing. Allocates nothing.
     #[doc(alias = "ibv_poll_cq")]
+    #[inline]
     pub fn poll<'a>(&self, wcs: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
         let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
         // SAFETY: live CQ; `wcs` has room for `n` `ibv_wc`s (`WorkCompletion`
@@ -347,42 +352,50 @@ impl WorkCompletion {
     /// number for the request; the caller's `wr_id` comes back in
     /// [`Completed::wr_id`](crate::qp::Completed::wr_id) from
     /// [`QueuePair::reclaim`](crate::QueuePair::reclaim).
+    #[inline]
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
     }
 
     /// The status; `Err(raw)` for a status this crate does not know.
+    #[inline]
     pub fn status(&self) -> Result<WcStatus, u32> {
         WcStatus::from_raw(self.0.status).ok_or(self.0.status)
     }
 
     /// Whether the status is `IBV_WC_SUCCESS`.
+    #[inline]
     pub fn is_success(&self) -> bool {
         self.0.status == sys::ibv_wc_status::IBV_WC_SUCCESS
     }
 
     /// The operation; only meaningful when the status is success (the C
     /// field is undefined otherwise). `Err(raw)` for an unknown opcode.
+    #[inline]
     pub fn opcode(&self) -> Result<WcOpcode, u32> {
         WcOpcode::from_raw(self.0.opcode).ok_or(self.0.opcode)
     }
 
     /// `vendor_err`: the provider's own error code for a failed completion.
+    #[inline]
     pub fn vendor_err(&self) -> u32 {
         self.0.vendor_err
     }
 
     /// `byte_len`: bytes received (receives) or transferred.
+    #[inline]
     pub fn byte_len(&self) -> u32 {
         self.0.byte_len
     }
 
     /// The flags.
+    #[inline]
     pub fn flags(&self) -> WcFlags {
         WcFlags::from_bits_retain(self.0.wc_flags)
     }
 
     /// The immediate data, in host order, when `IBV_WC_WITH_IMM` is set.
+    #[inline]
     pub fn imm_data(&self) -> Option<u32> {
         // SAFETY: both union members are plain u32s.
         let raw = unsafe { self.0.__bindgen_anon_1.imm_data };
@@ -392,6 +405,7 @@ impl WorkCompletion {
     }
 
     /// The invalidated rkey, when `IBV_WC_WITH_INV` is set.
+    #[inline]
     pub fn invalidated_rkey(&self) -> Option<u32> {
         // SAFETY: both union members are plain u32s.
         let raw = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
@@ -399,31 +413,37 @@ impl WorkCompletion {
     }
 
     /// `qp_num`: the local QP this completion belongs to.
+    #[inline]
     pub fn qp_num(&self) -> u32 {
         self.0.qp_num
     }
 
     /// `src_qp`: the sender's QP number (UD receives).
+    #[inline]
     pub fn src_qp(&self) -> u32 {
         self.0.src_qp
     }
 
     /// `pkey_index` (GSI QPs).
+    #[inline]
     pub fn pkey_index(&self) -> u16 {
         self.0.pkey_index
     }
 
     /// `slid`: the sender's LID (UD receives on InfiniBand).
+    #[inline]
     pub fn slid(&self) -> u16 {
         self.0.slid
     }
 
     /// `sl`: the service level (UD receives).
+    #[inline]
     pub fn sl(&self) -> u8 {
         self.0.sl
     }
 
     /// `dlid_path_bits` (UD receives).
+    #[inline]
     pub fn dlid_path_bits(&self) -> u8 {
         self.0.dlid_path_bits
     }

@@ -106,7 +106,7 @@ pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags, PacketPacingCaps};
 pub use error::{Error, Result};
 pub use event::AsyncEvent;
 pub use gid::{Gid, GidEntry, GidType};
-pub use mr::{page_size, AccessFlags, Chunk, MemoryRegion};
+pub use mr::{page_size, AccessFlags, Chunk, MemoryRegion, SharedChunk};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};

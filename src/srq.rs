@@ -8,7 +8,7 @@ use crate::cq::WorkCompletion;
 use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::pd::ProtectionDomain;
-use crate::qp::post_internal::{check_recv, post_recv_chain, Batch, Chunks, Kind, Ledger};
+use crate::qp::post_internal::{post_recv_chain, Chunks, Kind, Ledger};
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
 
@@ -166,38 +166,25 @@ impl SharedReceiveQueue {
         I: IntoIterator<Item = RecvWr>,
     {
         const VERB: &str = "ibv_post_srq_recv";
-        let mut reqs = Batch::new();
         let keep = self.inner.keep();
-        let mut error = None;
-        for wr in wrs {
-            if error.is_none() {
-                error = check_recv(&wr, keep.max_sge as usize, keep.pd.as_ptr(), VERB).err();
-            }
-            reqs.push(wr);
-        }
-        let n = reqs.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let mut p = self.pending();
-        let room = p.ledger.room();
-        if error.is_none() && n > room {
-            error = Some(Error::invalid(
-                VERB,
-                format!("{n} receive(s) but the SRQ has room for {room}"),
-            ));
-        }
-        if let Some(e) = error {
-            return Err(reqs.refuse(e));
-        }
         let srq = self.as_ptr();
+        let mut p = self.pending();
         let p = &mut *p;
         post_recv_chain(
             VERB,
             &mut p.ledger,
             &mut p.recv_wrs,
             &mut p.sges,
-            &mut reqs,
+            wrs.into_iter(),
+            None,
+            keep.max_sge as usize,
+            keep.pd.as_ptr(),
+            |n, room, _| {
+                Error::invalid(
+                    VERB,
+                    format!("{n} receive(s) but the SRQ has room for {room}"),
+                )
+            },
             |chain, bad| {
                 // SAFETY: the SRQ is live; a NULL-terminated chain into the
                 // scratch vectors (under the mutex), naming chunks the ledger holds.

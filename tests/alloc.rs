@@ -69,8 +69,8 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
     let caps = QpCaps {
-        max_send_wr: 8,
-        max_recv_wr: 8,
+        max_send_wr: 16,
+        max_recv_wr: 16,
         ..QpCaps::default()
     };
     let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
@@ -88,10 +88,10 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
 
     // Fixed homes for the chunks between rounds: no Vec pushes.
     let mut bufs = pd
-        .alloc_chunks(16, 256, AccessFlags::LOCAL_WRITE)?
+        .alloc_chunks(32, 256, AccessFlags::LOCAL_WRITE)?
         .into_iter();
-    let mut send: [Option<Chunk>; 4] = std::array::from_fn(|_| bufs.next());
-    let mut recv: [Option<Chunk>; 4] = std::array::from_fn(|_| bufs.next());
+    let mut send: [Option<Chunk>; 16] = std::array::from_fn(|_| bufs.next());
+    let mut recv: [Option<Chunk>; 16] = std::array::from_fn(|_| bufs.next());
     let mut wcs = [WorkCompletion::default(); 8];
     // Read once: reading the environment allocates.
     let deadline = common::deadline();
@@ -102,7 +102,8 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
             || RecvWr::new(1).sge(r.next().and_then(Option::take).expect("a receive chunk"));
         match chain {
             1 => b.post_recv([next_recv()])?,
-            _ => b.post_recv([next_recv(), next_recv(), next_recv(), next_recv()])?,
+            4 => b.post_recv([next_recv(), next_recv(), next_recv(), next_recv()])?,
+            n => b.post_recv((0..n).map(|_| next_recv()))?,
         }
         let mut s = send.iter_mut();
         let mut next_send = |signaled: bool| {
@@ -116,12 +117,13 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
         };
         match chain {
             1 => a.post_send([next_send(true)])?,
-            _ => a.post_send([
+            4 => a.post_send([
                 next_send(false),
                 next_send(false),
                 next_send(false),
                 next_send(true),
             ])?,
+            n => a.post_send((0..n).map(|i| next_send(i + 1 == n)))?,
         }
         let want = 1 + chain; // one signalled send completion, `chain` receives
         let mut seen = 0;
@@ -164,6 +166,7 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
     for _ in 0..20 {
         round(1)?;
         round(4)?;
+        round(16)?;
     }
     let before = allocations();
     for _ in 0..1000 {
@@ -175,13 +178,22 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
         round(4)?;
     }
     let chained = allocations() - before;
+    let before = allocations();
+    for _ in 0..1000 {
+        round(16)?;
+    }
+    let full = allocations() - before;
     eprintln!(
-        "alloc: {single} heap allocations in 1000 single rounds, {chained} in 1000 chains of 4 (post_recv, post_send, poll, reclaim)"
+        "alloc: {single} heap allocations in 1000 single rounds, {chained} in 1000 chains of 4, {full} in 1000 chains of 16 = the queue depth (post_recv, post_send, poll, reclaim)"
     );
     ensure!(
         single == 0,
         "{single} allocations in steady-state single posts"
     );
     ensure!(chained == 0, "{chained} allocations in steady-state chains");
+    ensure!(
+        full == 0,
+        "{full} allocations in steady-state chains of the queue depth"
+    );
     Ok(())
 }

@@ -37,7 +37,7 @@ mod post;
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
     pub(crate) use super::ledger::{Kind, Ledger};
-    pub(crate) use super::post::{check_recv, post_recv_chain, Batch, Chunks};
+    pub(crate) use super::post::{post_recv_chain, Chunks};
 }
 mod query;
 mod table;
@@ -352,6 +352,7 @@ impl QueuePair {
         })
     }
 
+    #[inline]
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.inner.as_ptr()
     }
@@ -365,39 +366,47 @@ impl QueuePair {
     }
 
     /// The QP number, which peers address it by.
+    #[inline]
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP is live; `qp_num` is set at creation and never changes.
         unsafe { (*self.as_ptr()).qp_num }
     }
 
     /// The transport type.
+    #[inline]
     pub fn qp_type(&self) -> QpType {
         self.qp_type
     }
 
     /// The queue sizes the device gave at creation.
+    #[inline]
     pub fn caps(&self) -> QpCaps {
         self.caps
     }
 
     /// The protection domain the QP was created in.
+    #[inline]
     pub fn pd(&self) -> &ProtectionDomain {
         &self.inner.keep().pd
     }
 
     /// The shared receive queue the QP receives through, if any.
+    #[inline]
     pub fn srq(&self) -> Option<&SharedReceiveQueue> {
         self.inner.keep().srq.as_ref()
     }
 
+    #[inline]
     pub(crate) fn uses_srq(&self) -> bool {
         self.inner.keep().srq.is_some()
     }
 
+    #[inline]
     pub(crate) fn pending(&self) -> &post::Pending {
         &self.inner.keep().pending
     }
 
+    #[inline]
     pub(crate) fn pending_mut(&mut self) -> &mut post::Pending {
         &mut self.inner.keep_mut().pending
     }

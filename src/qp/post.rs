@@ -87,14 +87,31 @@ use super::{QpCaps, QpState, QpType, QueuePair};
 use crate::ah::AddressHandle;
 use crate::cq::WorkCompletion;
 use crate::error::{Error, Result};
-use crate::mr::Chunk;
+use crate::mr::{Chunk, SharedChunk};
 use crate::sys;
 
 /// The most scatter/gather entries one work request of the safe API takes.
 pub const MAX_SGE: usize = 4;
 
 /// A request's chunks, in scatter/gather order.
-pub(crate) type Chunks = [Option<Chunk>; MAX_SGE];
+pub(crate) type Chunks = [Option<Lent>; MAX_SGE];
+
+/// A chunk lent to the device: owned (handed back when the request ends)
+/// or a clone of a [`SharedChunk`] (let go when it ends).
+pub(crate) enum Lent {
+    Own(Chunk),
+    Shared(SharedChunk),
+}
+
+impl Lent {
+    #[inline]
+    fn chunk(&self) -> &Chunk {
+        match self {
+            Lent::Own(c) => c,
+            Lent::Shared(s) => s.chunk(),
+        }
+    }
+}
 
 /// Where in a peer's memory an RDMA or atomic operation goes: the address
 /// and rkey of the peer's registered region (as the peer announced them).
@@ -182,46 +199,76 @@ pub(crate) struct Sges {
     chunks: Chunks,
     lens: [u32; MAX_SGE],
     n: usize,
-    /// Chunks beyond `MAX_SGE`, or given with a length past their end: kept
-    /// (never dropped) so that the refusal at post time hands them back.
-    overflow: Vec<Chunk>,
+    /// Entries beyond `MAX_SGE`, or given with a length past their chunk's
+    /// end: counted, and their chunks kept (never dropped) so that the
+    /// refusal at post time hands them back.
+    refused: usize,
+    // Boxed: 8 bytes instead of 24 in every request, for a rare refusal.
+    #[allow(clippy::box_collection)]
+    overflow: Option<Box<Vec<Chunk>>>,
 }
 
 impl Sges {
+    #[inline]
     fn new() -> Self {
         Sges {
             chunks: Default::default(),
             lens: [0; MAX_SGE],
             n: 0,
-            overflow: Vec::new(),
+            refused: 0,
+            overflow: None,
         }
     }
 
-    fn push(&mut self, chunk: Chunk, len: usize) {
+    #[inline]
+    fn push(&mut self, chunk: Lent, len: usize) {
         match u32::try_from(len) {
             Ok(len)
-                if self.n < MAX_SGE && len as usize <= chunk.len() && self.overflow.is_empty() =>
+                if self.n < MAX_SGE && len as usize <= chunk.chunk().len() && self.refused == 0 =>
             {
                 self.chunks[self.n] = Some(chunk);
                 self.lens[self.n] = len;
                 self.n += 1;
             }
-            _ => self.overflow.push(chunk),
+            _ => {
+                self.refused += 1;
+                if let Lent::Own(c) = chunk {
+                    self.overflow.get_or_insert_with(Default::default).push(c);
+                }
+            }
         }
     }
 
+    #[inline]
     fn total(&self) -> u64 {
         self.lens[..self.n].iter().map(|&l| u64::from(l)).sum()
     }
 
+    /// The entry `i < n`.
+    #[inline]
+    fn entry(&self, i: usize) -> Option<&Chunk> {
+        self.chunks[i].as_ref().map(Lent::chunk)
+    }
+
+    /// Whether an entry is a [`SharedChunk`] (which the device may only read).
+    #[inline]
+    fn has_shared(&self) -> bool {
+        self.chunks[..self.n]
+            .iter()
+            .any(|c| matches!(c, Some(Lent::Shared(_))))
+    }
+
     /// Appends a raw entry for each chunk to `out`.
+    #[inline]
     fn raw_into(&self, out: &mut Vec<sys::ibv_sge>) {
-        for (c, &len) in self.chunks.iter().flatten().zip(&self.lens) {
-            out.push(sys::ibv_sge {
-                addr: c.addr(),
-                length: len,
-                lkey: c.lkey(),
-            });
+        for i in 0..self.n {
+            if let Some(c) = self.entry(i) {
+                out.push(sys::ibv_sge {
+                    addr: c.addr(),
+                    length: self.lens[i],
+                    lkey: c.lkey(),
+                });
+            }
         }
     }
 
@@ -229,6 +276,7 @@ impl Sges {
     /// [`MAX_SGE`] (or given a length past its end), at most `max_sge`
     /// entries (the queue's limit, called `limit` in the message), and
     /// every chunk in protection domain `pd`.
+    #[inline]
     fn check(
         &self,
         verb: &'static str,
@@ -236,12 +284,12 @@ impl Sges {
         limit: &str,
         pd: *mut sys::ibv_pd,
     ) -> Result<()> {
-        if !self.overflow.is_empty() {
+        if self.refused > 0 {
             return Err(Error::invalid(
                 verb,
                 format!(
                     "{} entries: more than {MAX_SGE}, or an entry longer than its chunk",
-                    self.n + self.overflow.len()
+                    self.n + self.refused
                 ),
             ));
         }
@@ -251,24 +299,44 @@ impl Sges {
                 format!("{} entries but {limit} is {max_sge}", self.n),
             ));
         }
-        if self.chunks.iter().flatten().any(|c| c.pd_ptr() != pd) {
-            return Err(Error::invalid(
-                verb,
-                "a chunk belongs to another protection domain",
-            ));
+        for i in 0..self.n {
+            if self.entry(i).is_some_and(|c| c.pd_ptr() != pd) {
+                return Err(Error::invalid(
+                    verb,
+                    "a chunk belongs to another protection domain",
+                ));
+            }
         }
         Ok(())
     }
 
+    /// Moves the owned chunks to `out` (a refused request's).
+    #[inline]
     pub(crate) fn drain_into(&mut self, out: &mut Vec<Chunk>) {
-        out.extend(self.chunks.iter_mut().filter_map(Option::take));
-        out.append(&mut self.overflow);
+        for c in self.chunks.iter_mut() {
+            if let Some(Lent::Own(c)) = c.take() {
+                out.push(c);
+            }
+        }
+        if let Some(mut more) = self.overflow.take() {
+            out.append(&mut more);
+        }
         self.n = 0;
     }
 
+    #[inline]
     pub(crate) fn take(&mut self) -> Chunks {
         self.n = 0;
         std::mem::take(&mut self.chunks)
+    }
+}
+
+/// Hands `chunks`' owned chunks to `out`; shared ones are let go.
+pub(crate) fn unlend_chunks(chunks: Chunks, out: &mut Vec<Chunk>) {
+    for c in chunks.into_iter().flatten() {
+        if let Lent::Own(c) = c {
+            out.push(c);
+        }
     }
 }
 
@@ -296,6 +364,7 @@ pub struct SendWr<'a> {
 impl<'a> SendWr<'a> {
     /// A signalled request `op` with the caller's `wr_id` (handed back in
     /// [`Completed::wr_id`]).
+    #[inline]
     pub fn new(wr_id: u64, op: SendOp) -> Self {
         SendWr {
             wr_id,
@@ -308,20 +377,47 @@ impl<'a> SendWr<'a> {
     }
 
     /// Adds a whole chunk as the next scatter/gather entry.
+    #[inline]
     pub fn sge(self, chunk: Chunk) -> Self {
         let len = chunk.len();
         self.sge_len(chunk, len)
     }
 
     /// Adds the first `len` bytes of a chunk as the next entry.
+    #[inline]
     pub fn sge_len(mut self, chunk: Chunk, len: usize) -> Self {
-        self.sges.push(chunk, len);
+        self.sges.push(Lent::Own(chunk), len);
+        self
+    }
+
+    /// Adds the first `len` bytes of a read-only [`SharedChunk`] as the next
+    /// entry: for sends and RDMA writes, whose source the device only reads.
+    /// The request holds a clone of `shared` until it ends, so many
+    /// outstanding requests may name one buffer (a stream of writes from one
+    /// source, as in C), and [`SharedChunk::try_into_chunk`] gives the chunk
+    /// back once the last of them has been reclaimed. Refused at post time
+    /// for RDMA reads and atomics, which write into their local entries.
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, chunk: rdma_verbs::Chunk, remote: rdma_verbs::qp::RemoteAddr) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::qp::{SendOp, SendWr};
+    /// use rdma_verbs::SharedChunk;
+    /// let src = SharedChunk::new(chunk);
+    /// qp.post_send((0..4).map(|i| {
+    ///     SendWr::new(i, SendOp::RdmaWrite(remote)).sge_shared(&src, 64).unsignaled()
+    /// }))?;
+    /// # Ok(()) }
+    /// ```
+    #[inline]
+    pub fn sge_shared(mut self, shared: &SharedChunk, len: usize) -> Self {
+        self.sges.push(Lent::Shared(shared.clone()), len);
         self
     }
 
     /// Sends `data` inline (`IBV_SEND_INLINE`): the provider copies it during
     /// the post, so it is only borrowed. For sends and RDMA writes, up to the
     /// QP's `max_inline_data`; not with chunks.
+    #[inline]
     pub fn inline(mut self, data: &'a [u8]) -> Self {
         self.inline = Some(data);
         self.flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
@@ -330,29 +426,34 @@ impl<'a> SendWr<'a> {
 
     /// No completion for this request on success (clears `IBV_SEND_SIGNALED`);
     /// its chunks come back with the next signalled completion.
+    #[inline]
     pub fn unsignaled(mut self) -> Self {
         self.flags &= !sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         self
     }
 
     /// `IBV_SEND_SOLICITED`: wake a peer waiting for solicited events.
+    #[inline]
     pub fn solicited(mut self) -> Self {
         self.flags |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
         self
     }
 
     /// `IBV_SEND_FENCE`: wait for earlier RDMA reads and atomics first.
+    #[inline]
     pub fn fence(mut self) -> Self {
         self.flags |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
         self
     }
 
     /// The UD destination: address handle, remote QP number and Q_Key.
+    #[inline]
     pub fn ud(mut self, ah: &AddressHandle, remote_qpn: QpNum, remote_qkey: QKey) -> Self {
         self.ud = Some((ah.clone(), remote_qpn, remote_qkey));
         self
     }
 
+    #[inline]
     fn signaled(&self) -> bool {
         self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
     }
@@ -379,6 +480,7 @@ pub struct RecvWr {
 
 impl RecvWr {
     /// A receive with the caller's `wr_id`.
+    #[inline]
     pub fn new(wr_id: u64) -> Self {
         RecvWr {
             wr_id,
@@ -387,9 +489,10 @@ impl RecvWr {
     }
 
     /// Adds a whole chunk as the next scatter entry.
+    #[inline]
     pub fn sge(mut self, chunk: Chunk) -> Self {
         let len = chunk.len();
-        self.sges.push(chunk, len);
+        self.sges.push(Lent::Own(chunk), len);
         self
     }
 }
@@ -417,14 +520,20 @@ pub struct Completed {
 }
 
 impl Completed {
-    /// The request's chunks, in scatter/gather order.
+    /// The request's chunks, in scatter/gather order ([`SharedChunk`]
+    /// entries are not among them: the request's clone is let go).
+    #[inline]
     pub fn chunks(self) -> impl Iterator<Item = Chunk> {
-        self.chunks.into_iter().flatten()
+        self.chunks.into_iter().flatten().filter_map(|c| match c {
+            Lent::Own(c) => Some(c),
+            Lent::Shared(_) => None,
+        })
     }
 
     /// The first chunk (for the common single-entry request).
+    #[inline]
     pub fn into_chunk(self) -> Option<Chunk> {
-        self.chunks.into_iter().flatten().next()
+        self.chunks().next()
     }
 }
 
@@ -560,21 +669,18 @@ fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
     }
 }
 
-impl QueuePair {
-    /// How many send requests are outstanding (posted, not yet reclaimed),
-    /// including those of a failed post that the provider may have queued.
-    pub fn outstanding_sends(&self) -> usize {
-        self.pending().send.len()
-    }
+/// What the checks of a send need to know of its QP (read once per call).
+struct SendCheck {
+    qp_type: QpType,
+    pd: *mut sys::ibv_pd,
+    max_sge: u32,
+    max_inline: u32,
+}
 
-    /// How many receive requests are outstanding.
-    pub fn outstanding_recvs(&self) -> usize {
-        self.pending().recv.len()
-    }
-
-    fn check_send(&self, wr: &SendWr<'_>) -> Result<()> {
+impl SendCheck {
+    fn check(&self, wr: &SendWr<'_>) -> Result<()> {
         const VERB: &str = "ibv_post_send";
-        let t = self.qp_type();
+        let t = self.qp_type;
         let op = &wr.op;
         let allowed = match t {
             QpType::Ud | QpType::RawPacket => matches!(op, SendOp::Send | SendOp::SendWithImm(_)),
@@ -609,7 +715,7 @@ impl QueuePair {
             _ => {}
         }
         if let Some((ah, _, _)) = &wr.ud {
-            if ah.pd().as_ptr() != self.pd().as_ptr() {
+            if ah.pd().as_ptr() != self.pd {
                 return Err(Error::invalid(
                     VERB,
                     "the address handle belongs to another protection domain",
@@ -618,10 +724,19 @@ impl QueuePair {
         }
         wr.sges.check(
             VERB,
-            self.caps().max_send_sge as usize,
+            self.max_sge as usize,
             "the QP's max_send_sge",
-            self.pd().as_ptr(),
+            self.pd,
         )?;
+        if (matches!(op, SendOp::RdmaRead(_)) || op.is_atomic()) && wr.sges.has_shared() {
+            return Err(Error::invalid(
+                VERB,
+                format!(
+                    "{} writes into its local entries, and a SharedChunk is read-only",
+                    op.name()
+                ),
+            ));
+        }
         if let Some(data) = wr.inline {
             if wr.sges.n > 0 {
                 return Err(Error::invalid(
@@ -641,13 +756,13 @@ impl QueuePair {
                     format!("{} cannot carry inline data", op.name()),
                 ));
             }
-            if data.len() > self.caps().max_inline_data as usize {
+            if data.len() > self.max_inline as usize {
                 return Err(Error::invalid(
                     VERB,
                     format!(
                         "{} inline bytes but the QP's max_inline_data is {}",
                         data.len(),
-                        self.caps().max_inline_data
+                        self.max_inline
                     ),
                 ));
             }
@@ -681,6 +796,21 @@ impl QueuePair {
         }
         Ok(())
     }
+}
+
+impl QueuePair {
+    /// How many send requests are outstanding (posted, not yet reclaimed),
+    /// including those of a failed post that the provider may have queued.
+    #[inline]
+    pub fn outstanding_sends(&self) -> usize {
+        self.pending().send.len()
+    }
+
+    /// How many receive requests are outstanding.
+    #[inline]
+    pub fn outstanding_recvs(&self) -> usize {
+        self.pending().recv.len()
+    }
 
     /// Posts a chain of send requests with one `ibv_post_send` call.
     ///
@@ -710,8 +840,7 @@ impl QueuePair {
         I: IntoIterator<Item = SendWr<'a>>,
     {
         const VERB: &str = "ibv_post_send";
-        let mut reqs = Batch::new();
-        let mut error = match self.state() {
+        let error = match self.state() {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => None,
             state => Some(Error::QpState {
                 verb: VERB,
@@ -719,29 +848,13 @@ impl QueuePair {
                 needs: "sends need RTS, SQD, SQE or ERR",
             }),
         };
-        for wr in wrs {
-            if error.is_none() {
-                error = self.check_send(&wr).err();
-            }
-            reqs.push(wr);
-        }
-        let n = reqs.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let room = self.pending().send.room();
-        if error.is_none() && n > room {
-            error = Some(Error::invalid(
-                VERB,
-                format!(
-                    "{n} request(s) but the send queue has room for {room} ({} outstanding)",
-                    self.outstanding_sends()
-                ),
-            ));
-        }
-        if let Some(e) = error {
-            return Err(reqs.refuse(e));
-        }
+        let caps = self.caps();
+        let checks = SendCheck {
+            qp_type: self.qp_type(),
+            pd: self.pd().as_ptr(),
+            max_sge: caps.max_send_sge,
+            max_inline: caps.max_inline_data,
+        };
         let qp = self.as_ptr();
         let p = self.pending_mut();
         post_chain(
@@ -749,10 +862,18 @@ impl QueuePair {
             &mut p.send,
             &mut p.send_wrs,
             &mut p.sges,
-            &mut reqs,
+            wrs.into_iter(),
+            error,
+            |wr| checks.check(wr),
             raw_send,
             |mut wr| (wr.wr_id, (wr.sges.take(), wr.ud.take().map(|u| u.0))),
-            |loan: SendLoan, out| out.extend(loan.0.into_iter().flatten()),
+            |loan: SendLoan, out| unlend_chunks(loan.0, out),
+            |n, room, held| {
+                Error::invalid(
+                    VERB,
+                    format!("{n} request(s) but the send queue has room for {room} ({held} outstanding)"),
+                )
+            },
             |chain, bad| {
                 // `chain` is a NULL-terminated chain whose sg_lists point
                 // into the scratch entries, both unchanged until the call
@@ -780,8 +901,7 @@ impl QueuePair {
         I: IntoIterator<Item = RecvWr>,
     {
         const VERB: &str = "ibv_post_recv";
-        let mut reqs = Batch::new();
-        let mut error = match self.state() {
+        let error = match self.state() {
             state @ (QpState::Reset | QpState::Err) => Some(Error::QpState {
                 verb: VERB,
                 state,
@@ -795,29 +915,6 @@ impl QueuePair {
         };
         let max_sge = self.caps().max_recv_sge as usize;
         let pd = self.pd().as_ptr();
-        for wr in wrs {
-            if error.is_none() {
-                error = check_recv(&wr, max_sge, pd, VERB).err();
-            }
-            reqs.push(wr);
-        }
-        let n = reqs.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let room = self.pending().recv.room();
-        if error.is_none() && n > room {
-            error = Some(Error::invalid(
-                VERB,
-                format!(
-                    "{n} request(s) but the receive queue has room for {room} ({} outstanding)",
-                    self.outstanding_recvs()
-                ),
-            ));
-        }
-        if let Some(e) = error {
-            return Err(reqs.refuse(e));
-        }
         let qp = self.as_ptr();
         let p = self.pending_mut();
         post_recv_chain(
@@ -825,10 +922,19 @@ impl QueuePair {
             &mut p.recv,
             &mut p.recv_wrs,
             &mut p.sges,
-            &mut reqs,
+            wrs.into_iter(),
+            error,
+            max_sge,
+            pd,
+            |n, room, held| {
+                Error::invalid(
+                    VERB,
+                    format!("{n} request(s) but the receive queue has room for {room} ({held} outstanding)"),
+                )
+            },
             |chain, bad| {
-                // SAFETY: as in `post_send`: a live QP, a NULL-terminated
-                // chain into the scratch vectors, naming chunks the ledger holds.
+                // SAFETY: live QP; a NULL-terminated chain into the scratch
+                // vectors, naming chunks the ledger holds.
                 unsafe { sys::ibv_post_recv(qp, chain, bad) }
             },
         )
@@ -889,6 +995,7 @@ impl QueuePair {
     /// or context), of QPs destroyed before, from before a RESET, or already
     /// reclaimed, end nothing. Works for failed and flushed completions
     /// too, whose opcode the device leaves undefined. Allocates nothing.
+    #[inline]
     pub fn reclaim(&mut self, wc: &WorkCompletion, mut f: impl FnMut(Completed)) -> usize {
         if wc.qp_num() != self.qp_num() {
             return 0;
@@ -1020,14 +1127,20 @@ fn raw_recv(wr: &RecvWr, sges: &mut Vec<sys::ibv_sge>) -> sys::ibv_recv_wr {
     }
 }
 
-/// Posts the receives of `reqs` (checked, non-empty, with room) to a QP's
-/// receive queue or an SRQ through `call`.
+/// Posts the receives of `reqs` to a QP's receive queue or an SRQ through
+/// `call`, after the checks every receive gets (`error` is a refusal known
+/// before looking at them, such as the QP's state).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn post_recv_chain(
     verb: &'static str,
     ledger: &mut Ledger<Chunks>,
     wrs: &mut Vec<sys::ibv_recv_wr>,
     sges: &mut Vec<sys::ibv_sge>,
-    reqs: &mut Batch<RecvWr>,
+    reqs: impl Iterator<Item = RecvWr>,
+    error: Option<Error>,
+    max_sge: usize,
+    pd: *mut sys::ibv_pd,
+    no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> c_int,
 ) -> Result<(), PostError> {
     post_chain(
@@ -1036,39 +1149,60 @@ pub(crate) fn post_recv_chain(
         wrs,
         sges,
         reqs,
+        error,
+        |wr| check_recv(wr, max_sge, pd, verb),
         raw_recv,
         |mut wr| (wr.wr_id, wr.sges.take()),
-        |chunks: Chunks, out| out.extend(chunks.into_iter().flatten()),
+        unlend_chunks,
+        no_room,
         call,
     )
 }
 
 /// The one place requests enter a ledger and reach a provider.
 ///
-/// For each request of `reqs` (checked, non-empty, with room): its raw form
-/// is built by `raw` into `wrs`/`sges`, its loan (`lend`) moves into
-/// `ledger`, and the tag the ledger gives becomes the raw `wr_id`. Then the
-/// chain is linked and handed to `call` (the provider's post). On success,
-/// or on a provider failure, the ledger keeps every request (see
-/// [`PostError`]); only if the process ran out of tags, before any call, are
-/// the requests taken back out and their chunks returned.
+/// Each request of `reqs` is checked (`check`, unless the call is refused
+/// already: `error`), its raw form built in place by `raw` into the scratch
+/// vectors `wrs`/`sges` (which keep their capacity, so steady state
+/// allocates nothing), and its loan (`lend`) moved into `ledger`, whose tag
+/// becomes the raw `wr_id`. If any request is refused (a failed check, no
+/// room: `no_room(requests, room, outstanding)`, no tags left), the call's
+/// requests are taken back out of the ledger, newest first, and every chunk
+/// of the call comes back in the error, in request order; nothing reached
+/// the device. Otherwise the chain is linked and handed to `call` (the
+/// provider's post); on success, or on a provider failure, the ledger keeps
+/// every request (see [`PostError`]). An empty `reqs` calls nothing.
 #[allow(clippy::too_many_arguments)]
 fn post_chain<W: HasSges, R: ChainLink, L>(
     verb: &'static str,
     ledger: &mut Ledger<L>,
     wrs: &mut Vec<R>,
     sges: &mut Vec<sys::ibv_sge>,
-    reqs: &mut Batch<W>,
+    reqs: impl Iterator<Item = W>,
+    mut error: Option<Error>,
+    check: impl Fn(&W) -> Result<()>,
     raw: impl Fn(&W, &mut Vec<sys::ibv_sge>) -> R,
     lend: impl Fn(W) -> (u64, L),
     unlend: impl Fn(L, &mut Vec<Chunk>),
+    no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut R, &mut *mut R) -> c_int,
 ) -> Result<(), PostError> {
     wrs.clear();
     sges.clear();
-    let n = reqs.len();
-    let mut pending = reqs.drain();
-    while let Some(wr) = pending.next() {
+    let (room, held) = (ledger.room(), ledger.len());
+    let mut n = 0;
+    let mut full = false;
+    // Chunks of requests not lent (refused): in request order.
+    let mut back = Vec::new();
+    for mut wr in reqs {
+        n += 1;
+        if error.is_none() {
+            error = check(&wr).err();
+        }
+        if error.is_some() || full {
+            wr.sges_mut().drain_into(&mut back);
+            continue;
+        }
         let mut r = raw(&wr, sges);
         let (wr_id, loan) = lend(wr);
         match ledger.insert(wr_id, loan) {
@@ -1077,23 +1211,32 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
                 wrs.push(r);
             }
             Err(loan) => {
-                // Out of tags (room was checked): take this call's requests
-                // back out, newest first; nothing reached the device.
-                let mut back = Vec::new();
                 unlend(loan, &mut back);
-                for w in wrs.iter().rev() {
-                    if let Some(l) = ledger.undo_last(w.wr_id()) {
-                        unlend(l, &mut back);
-                    }
+                if ledger.room() == 0 {
+                    full = true;
+                } else {
+                    error = Some(Error::TagsExhausted { verb });
                 }
-                for mut rest in pending {
-                    rest.sges_mut().drain_into(&mut back);
-                }
-                return Err(fail(Error::TagsExhausted { verb }, 0, back));
             }
         }
     }
-    drop(pending);
+    if n == 0 {
+        return Ok(());
+    }
+    if let Some(error) = error.or_else(|| full.then(|| no_room(n, room, held))) {
+        // Take this call's requests back out, newest first (nothing reached
+        // the device), and return their chunks ahead of the rest.
+        let mut undone = Vec::with_capacity(wrs.len());
+        for w in wrs.iter().rev() {
+            undone.extend(ledger.undo_last(w.wr_id()));
+        }
+        let mut all = Vec::new();
+        for loan in undone.into_iter().rev() {
+            unlend(loan, &mut all);
+        }
+        all.append(&mut back);
+        return Err(fail(error, 0, all));
+    }
     link_chain(wrs, sges);
     let mut bad: *mut R = std::ptr::null_mut();
     let rc = call(wrs.as_mut_ptr(), &mut bad);
@@ -1102,14 +1245,6 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
     crate::error::check_rc(verb, rc)
         .map(|_| ())
         .map_err(|error| fail(error, n, Vec::new()))
-}
-
-/// Requests of one call, kept in order without allocating for chains of up
-/// to eight.
-pub(crate) struct Batch<T> {
-    inline: [Option<T>; 8],
-    n: usize,
-    more: Vec<T>,
 }
 
 /// Work requests that carry scatter/gather entries.
@@ -1126,46 +1261,6 @@ impl HasSges for SendWr<'_> {
 impl HasSges for RecvWr {
     fn sges_mut(&mut self) -> &mut Sges {
         &mut self.sges
-    }
-}
-
-impl<T: HasSges> Batch<T> {
-    pub(crate) fn new() -> Self {
-        Batch {
-            inline: Default::default(),
-            n: 0,
-            more: Vec::new(),
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.n + self.more.len()
-    }
-
-    pub(crate) fn push(&mut self, wr: T) {
-        if self.n < self.inline.len() {
-            self.inline[self.n] = Some(wr);
-            self.n += 1;
-        } else {
-            self.more.push(wr);
-        }
-    }
-
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
-        self.n = 0;
-        self.inline
-            .iter_mut()
-            .filter_map(Option::take)
-            .chain(self.more.drain(..))
-    }
-
-    /// A refusal before any call: every request's chunks go back.
-    pub(crate) fn refuse(&mut self, error: Error) -> PostError {
-        let mut back = Vec::new();
-        for mut wr in self.drain() {
-            wr.sges_mut().drain_into(&mut back);
-        }
-        fail(error, 0, back)
     }
 }
 

@@ -8,7 +8,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
     AccessFlags, AsyncEvent, Chunk, CompletionChannel, Error, QpInitAttr, QpState, QpType,
-    QueuePair, WcOpcode, WcStatus, WorkCompletion,
+    QueuePair, SharedChunk, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::common::{opts, pair, poll_n, Env, Pair, TestFn};
@@ -40,6 +40,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("data::ud_through_an_address_handle", ud_with_ah),
     ("data::srq_receives_and_limit_event", srq),
     ("data::completion_channel_events", channel_events),
+    (
+        "data::one_shared_source_for_many_writes_and_sends",
+        shared_source,
+    ),
 ];
 
 /// Reclaims `wc` on whichever QP it belongs to; returns the chunks with
@@ -740,5 +744,140 @@ fn channel_events(env: &Env) -> Result<(), Failed> {
     );
     let wcs = poll_n(&cq, 1)?;
     ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    Ok(())
+}
+
+/// A read-only SharedChunk is the source of many outstanding writes and
+/// sends at once; it is writable again only once the last of them ended
+/// (reclaimed, reset or destroyed); reads and atomics refuse it, and a
+/// refused post lets its clones go.
+fn shared_source(env: &Env) -> Result<(), Failed> {
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let caps = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 32,
+        ..QpCaps::default()
+    };
+    let mut p = pair(env, QpType::Rc, caps, access)?;
+    let region = remote_region(&p, 4096)?;
+    let remote = |i: u64| RemoteAddr {
+        addr: region.addr() + 256 * i,
+        rkey: region.rkey(),
+    };
+    let mut bufs = chunks(&p, 6, 256)?;
+    let mut src = bufs.remove(0);
+    src.as_mut_slice().fill(0x5a);
+    let src = SharedChunk::new(src);
+
+    // 8 writes and 2 sends from the one buffer, all outstanding at once.
+    p.b.post_recv(
+        bufs.drain(..2)
+            .enumerate()
+            .map(|(i, c)| RecvWr::new(50 + i as u64).sge(c)),
+    )?;
+    p.a.post_send((0..8u64).map(|i| {
+        let wr = SendWr::new(i, SendOp::RdmaWrite(remote(i))).sge_shared(&src, 256);
+        if i == 7 {
+            wr
+        } else {
+            wr.unsignaled()
+        }
+    }))?;
+    ensure!(
+        src.holders() == 9,
+        "8 writes hold it: {} holders",
+        src.holders()
+    );
+    p.a.post_send([
+        SendWr::new(8, SendOp::Send).sge_shared(&src, 100),
+        SendWr::new(9, SendOp::Send).sge_shared(&src, 256),
+    ])?;
+    ensure!(
+        src.holders() == 11,
+        "10 requests hold it: {} holders",
+        src.holders()
+    );
+    let src = src
+        .try_into_chunk()
+        .err()
+        .ok_or("writable while requests hold it")?;
+
+    // Reads and atomics write into their local entries: refused, and the
+    // refused call lets its clones and hands its owned chunks back.
+    let own = bufs.pop().unwrap();
+    let e =
+        p.a.post_send([
+            SendWr::new(20, SendOp::Send).sge(own),
+            SendWr::new(21, SendOp::RdmaRead(remote(0))).sge_shared(&src, 8),
+        ])
+        .err()
+        .ok_or("a read into a SharedChunk was accepted")?;
+    ensure!(
+        e.posted == 0 && e.returned.len() == 1 && e.to_string().contains("read-only"),
+        "{e}: {} returned",
+        e.returned.len()
+    );
+    let e =
+        p.a.post_send([SendWr::new(
+            22,
+            SendOp::FetchAdd {
+                remote: remote(0),
+                add: 1,
+            },
+        )
+        .sge_shared(&src, 8)])
+            .err()
+            .ok_or("an atomic into a SharedChunk was accepted")?;
+    ensure!(e.to_string().contains("read-only"), "{e}");
+    ensure!(
+        src.holders() == 11,
+        "refusals kept clones: {} holders",
+        src.holders()
+    );
+
+    // 8 writes end with one completion, 2 sends with theirs, 2 receives.
+    let wcs = poll_n(&p.cq, 5)?;
+    let mut ended = Vec::new();
+    let mut owned = 0;
+    for wc in &wcs {
+        ensure!(wc.is_success(), "{wc:?}");
+        p.a.reclaim(wc, |d| {
+            ended.push(d.wr_id);
+            owned += d.chunks().count();
+        });
+        p.b.reclaim(wc, |d| {
+            let c = d.into_chunk().expect("a receive chunk");
+            ended.push(100 + c.as_slice()[0] as u64);
+        });
+    }
+    ended.sort_unstable();
+    ensure!(
+        owned == 0,
+        "{owned} owned chunks came back from shared-only sends"
+    );
+    ensure!(
+        ended == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 100 + 0x5a, 100 + 0x5a],
+        "ended {ended:?}"
+    );
+    let mut landed = vec![0; 2048];
+    region.read(0, &mut landed)?;
+    ensure!(landed.iter().all(|&b| b == 0x5a), "the writes did not land");
+    let src = src
+        .try_into_chunk()
+        .map_err(|s| format!("still {} holders", s.holders()))?;
+
+    // A RESET lets the clones of unfinished requests go too.
+    let src = SharedChunk::new(src);
+    p.a.modify(&QpAttr::new().state(QpState::Err))?;
+    p.a.post_send([SendWr::new(30, SendOp::RdmaWrite(remote(0))).sge_shared(&src, 8)])?;
+    ensure!(src.holders() == 2, "{} holders", src.holders());
+    let back = p.a.reset()?;
+    ensure!(back.len() == 1 && back[0].wr_id == 30, "{back:?}");
+    // The handed-back request holds its clone until it is dropped.
+    ensure!(src.holders() == 2, "{} holders", src.holders());
+    drop(back);
+    ensure!(src.holders() == 1, "after RESET: {} holders", src.holders());
+    src.try_into_chunk()
+        .map_err(|s| format!("still {} holders", s.holders()))?;
     Ok(())
 }
