@@ -44,6 +44,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "data::one_shared_source_for_many_writes_and_sends",
         shared_source,
     ),
+    (
+        "data::reclaim_chunks_hands_back_a_run_in_one_call",
+        reclaim_run,
+    ),
 ];
 
 /// Reclaims `wc` on whichever QP it belongs to; returns the chunks with
@@ -879,5 +883,59 @@ fn shared_source(env: &Env) -> Result<(), Failed> {
     ensure!(src.holders() == 1, "after RESET: {} holders", src.holders());
     src.try_into_chunk()
         .map_err(|s| format!("still {} holders", s.holders()))?;
+    Ok(())
+}
+
+/// One signalled completion ends a run of unsignalled sends: reclaim_chunks
+/// hands back all their chunks in order in one call, once.
+fn reclaim_run(env: &Env) -> Result<(), Failed> {
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    };
+    let mut p = pair(env, QpType::Rc, caps, AccessFlags::empty())?;
+    let mut bufs = chunks(&p, 10, 64)?;
+    for (i, c) in bufs.iter_mut().enumerate() {
+        c.as_mut_slice()[0] = i as u8;
+    }
+    let recvs: Vec<Chunk> = bufs.drain(5..).collect();
+    p.b.post_recv(recvs.into_iter().map(|c| RecvWr::new(9).sge(c)))?;
+    p.a.post_send(bufs.into_iter().enumerate().map(|(i, c)| {
+        let wr = SendWr::new(i as u64, SendOp::Send).sge(c);
+        if i == 4 {
+            wr
+        } else {
+            wr.unsignaled()
+        }
+    }))?;
+    let wcs = poll_n(&p.cq, 6)?;
+    let send = wcs
+        .iter()
+        .find(|w| w.qp_num() == p.a.qp_num())
+        .ok_or("no send completion")?;
+    let mut back = Vec::new();
+    let n = p.a.reclaim_chunks(send, &mut back);
+    let order: Vec<u8> = back.iter().map(|c| c.as_slice()[0]).collect();
+    ensure!(
+        n == 5 && order == [0, 1, 2, 3, 4],
+        "{n} ended, chunks {order:?}"
+    );
+    ensure!(p.a.reclaim_chunks(send, &mut back) == 0, "ended twice");
+    ensure!(
+        p.b.reclaim_chunks(send, &mut back) == 0,
+        "another QP took a send completion"
+    );
+    let mut recvd = Vec::new();
+    let bq = p.b.qp_num();
+    for wc in wcs.iter().filter(|w| w.qp_num() == bq) {
+        ensure!(p.b.reclaim_chunks(wc, &mut recvd) == 1, "{wc:?}");
+    }
+    let got: Vec<u8> = recvd.iter().map(|c| c.as_slice()[0]).collect();
+    ensure!(got == [0, 1, 2, 3, 4], "received {got:?}");
+    ensure!(
+        p.a.outstanding_sends() == 0 && p.b.outstanding_recvs() == 0,
+        "left outstanding"
+    );
     Ok(())
 }
