@@ -246,9 +246,11 @@ impl PortAttr {
 /// The attributes of a port that do not change while a context is open,
 /// as far as [`QueuePair::modify`](crate::QueuePair::modify)'s checks are concerned.
 ///
-/// * `pkey_tbl_len` and `gid_tbl_len` are the kernel's per-port
-///   *immutable* table sizes (`ib_port_immutable`, set when the device
-///   registers); the kernel checks indexes against them.
+/// * `pkey_tbl_len` and `gid_tbl_len`: when a device registers, its driver
+///   copies the sizes its own query reports into the port's *immutable*
+///   data (`ib_port_immutable`: rxe, mlx5, efa, qedr, siw, ... all fill it
+///   from their `query_port`); the core sizes its GID and P_Key caches with
+///   those and checks indexes against them for the device's whole life.
 /// * `link_layer` comes from `rdma_port_get_link_layer`, and the
 ///   `IBV_QPF_GRH_REQUIRED` flag from the port's immutable core capability
 ///   flags (`rdma_is_grh_required`); a driver that switches a port between

@@ -13,7 +13,9 @@ use crate::error::table_of;
 use crate::port::{GidKind, PortFixed};
 
 /// Why [`QueuePair::modify`](super::QueuePair::modify) refused a modify
-/// without calling the kernel. The QP is unchanged.
+/// without calling the kernel (or, once, after: when the kernel refused a
+/// modify accepted on a cached GID entry that has changed since; see
+/// [`Error::Modify`](crate::Error::Modify)). The QP is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ModifyError {
