@@ -11,7 +11,7 @@ use crate::device_attr::DeviceAttr;
 use crate::error::{check_count, check_ptr, check_rc, table_of, Error, Result};
 use crate::gid::{Gid, GidEntry};
 use crate::handle::{close_shared, Owned, RawObject};
-use crate::port::PortAttr;
+use crate::port::{GidKind, PortAttr, PortCache, PortFixed};
 use crate::sys;
 
 impl RawObject for sys::ibv_context {
@@ -29,6 +29,8 @@ pub(crate) struct ContextData {
     _list: Arc<ListInner>,
     name: String,
     attr: DeviceAttr,
+    /// What the validator reads of each port, without a call.
+    ports: PortCache,
 }
 
 pub(crate) type ContextInner = Owned<sys::ibv_context, ContextData>;
@@ -37,6 +39,28 @@ pub(crate) type ContextInner = Owned<sys::ibv_context, ContextData>;
 ///
 /// Every object created from it (PDs, CQs, QPs, ...) holds a reference to it,
 /// so it is closed only when the last of them is dropped.
+///
+/// # What a context caches
+///
+/// * The device attributes ([`attr`](Self::attr)), read when it is opened.
+/// * Per port, the attributes that are fixed while it is open: the P_Key
+///   and GID table lengths (the kernel's immutable port data), the link
+///   layer and `IBV_QPF_GRH_REQUIRED` (also immutable port data), and the
+///   max MTU (the port's capability). They are filled by the first
+///   [`query_port`](Self::query_port) of the port, whoever makes it, and
+///   refreshed by every later one.
+/// * Per GID table entry read, whether it was used and, for RoCE v2,
+///   whether it is IPv4-mapped; refreshed by every read of the entry and
+///   by [`gid_table`](Self::gid_table).
+///
+/// [`QueuePair::modify`](crate::QueuePair::modify)'s checks, and the index
+/// checks of [`query_gid`](Self::query_gid),
+/// [`query_gid_entry`](Self::query_gid_entry) and
+/// [`query_pkey`](Self::query_pkey), read the cache instead of the device,
+/// but only to *accept*: a refusal is always made on freshly read data
+/// (the port is queried again, the GID entry read again). Nothing that
+/// changes with the link (port state, active MTU, LIDs) is cached:
+/// [`query_port`](Self::query_port) always asks the device.
 ///
 /// ```no_run
 /// use rdma_verbs::Context;
@@ -99,10 +123,12 @@ impl Context {
                 return Err(e);
             }
         };
+        let ports = PortCache::new(u8::try_from(attr.phys_port_cnt).unwrap_or(u8::MAX));
         let data = ContextData {
             _list: list,
             name,
             attr,
+            ports,
         };
         // SAFETY: `raw` is a fresh context owned by nobody else; `data` keeps
         // its device list alive.
@@ -177,11 +203,35 @@ impl Context {
         // verbs.h's inline `ibv_query_port`, which fills the whole current struct.
         let rc = unsafe { sys::___ibv_query_port(self.as_ptr(), port, &mut raw) };
         check_rc("ibv_query_port", rc)?;
-        PortAttr::from_raw(&raw)
+        let attr = PortAttr::from_raw(&raw)?;
+        self.inner.keep().ports.store(port, &attr);
+        Ok(attr)
     }
 
+    /// The attributes of `port` that are fixed while the context is open
+    /// ([`PortFixed`]): from the cache, or (`fresh`, or never read) from
+    /// [`query_port`](Self::query_port), which refreshes the cache.
+    pub(crate) fn port_fixed(&self, port: u8, fresh: bool) -> Result<PortFixed> {
+        self.check_port("ibv_query_port", port)?;
+        match self.inner.keep().ports.fixed(port) {
+            Some(f) if !fresh => Ok(f),
+            _ => self.query_port(port).map(|a| PortFixed::of(&a)),
+        }
+    }
+
+    /// The kind of GID entry `index` of `port` when it was last read and
+    /// found used, if it was.
+    pub(crate) fn cached_gid(&self, port: u8, index: u32) -> Option<GidKind> {
+        self.inner.keep().ports.gid(port, index)
+    }
+
+    /// Checks `index` against the GID table's length, which is fixed while
+    /// the context is open: the cached length accepts, a refusal re-reads it.
     fn check_gid_index(&self, verb: &'static str, port: u8, index: u32) -> Result<()> {
-        let len = self.query_port(port)?.gid_tbl_len;
+        if index < self.port_fixed(port, false)?.gid_tbl_len {
+            return Ok(());
+        }
+        let len = self.port_fixed(port, true)?.gid_tbl_len;
         if index < len {
             Ok(())
         } else {
@@ -252,12 +302,18 @@ impl Context {
         let mut raw = sys::ibv_gid_entry::default();
         // SAFETY: live context, valid out-pointer, flags must be 0.
         let rc = unsafe { sys::ibv_query_gid_ex(self.as_ptr(), port.into(), index, &mut raw, 0) };
+        let cache = &self.inner.keep().ports;
         match check_rc("ibv_query_gid_ex", rc) {
             Ok(_) if Gid::from_raw(&raw.gid).is_zero() => {
+                cache.store_gid(port, index, None);
                 Err(self.empty_gid_entry(verb, port, index))
             }
-            Ok(_) => Ok(raw),
+            Ok(_) => {
+                cache.store_gid(port, index, Some(GidKind::of(&GidEntry::from_raw(&raw))));
+                Ok(raw)
+            }
             Err(e) if e.errno() == Some(libc::ENODATA) => {
+                cache.store_gid(port, index, None);
                 Err(self.empty_gid_entry(verb, port, index))
             }
             Err(e) => Err(e),
@@ -280,19 +336,35 @@ impl Context {
     pub fn gid_table(&self) -> Result<Vec<GidEntry>> {
         let mut max = 0usize;
         for port in self.ports() {
-            max += self.query_port(port)?.gid_tbl_len as usize;
+            max += self.port_fixed(port, false)?.gid_tbl_len as usize;
         }
         let mut raw = vec![sys::ibv_gid_entry::default(); max];
         // SAFETY: live context; `raw` has room for `max` entries; flags must be 0.
         let n = unsafe { sys::ibv_query_gid_table(self.as_ptr(), raw.as_mut_ptr(), max, 0) };
         let n = check_count("ibv_query_gid_table", n as c_int)?;
-        Ok(raw[..n.min(max)].iter().map(GidEntry::from_raw).collect())
+        let table: Vec<GidEntry> = raw[..n.min(max)].iter().map(GidEntry::from_raw).collect();
+        // The table lists the used entries: the others are empty now.
+        let cache = &self.inner.keep().ports;
+        for port in self.ports() {
+            cache.forget_gids(port);
+        }
+        for e in &table {
+            if let Ok(port) = u8::try_from(e.port) {
+                cache.store_gid(port, e.index, Some(GidKind::of(e)));
+            }
+        }
+        Ok(table)
     }
 
     /// Reads entry `index` of port `port`'s P_Key table.
     #[doc(alias = "ibv_query_pkey")]
     pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
-        let len = self.query_port(port)?.pkey_tbl_len;
+        // The table's length is fixed while the context is open: the cached
+        // one accepts, a refusal re-reads it.
+        let mut len = self.port_fixed(port, false)?.pkey_tbl_len;
+        if index >= len {
+            len = self.port_fixed(port, true)?.pkey_tbl_len;
+        }
         if index >= len {
             return Err(Error::invalid(
                 "ibv_query_pkey",

@@ -53,7 +53,12 @@ pub enum Error {
     },
     /// A queue pair modify was refused before the call: an illegal state
     /// transition, a missing or forbidden attribute, or a value the device
-    /// or port cannot take. Nothing was sent to the device.
+    /// or port cannot take. Nothing was sent to the device, with one
+    /// exception: when the kernel refused a modify that the checks had
+    /// accepted on a cached GID entry which has changed since, the checks
+    /// run again on fresh data and their reason is returned in place of the
+    /// kernel's errno (see [`QueuePair::modify`](crate::QueuePair::modify)).
+    /// Either way the QP is unchanged.
     #[error("{0}")]
     Modify(#[from] crate::qp::ModifyError),
     /// A work request was refused before the call because the queue pair's

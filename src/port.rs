@@ -1,5 +1,8 @@
 //! Port attributes (`struct ibv_port_attr`), as `ibv_query_port` reports them.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
 use crate::error::{Error, Result};
 use crate::sys;
 use crate::sys::{ibv_mtu, ibv_port_state};
@@ -240,6 +243,195 @@ impl PortAttr {
     }
 }
 
+/// The attributes of a port that do not change while a context is open,
+/// as far as [`QueuePair::modify`](crate::QueuePair::modify)'s checks are concerned.
+///
+/// * `pkey_tbl_len` and `gid_tbl_len`: when a device registers, its driver
+///   copies the sizes its own query reports into the port's *immutable*
+///   data (`ib_port_immutable`: rxe, mlx5, efa, qedr, siw, ... all fill it
+///   from their `query_port`); the core sizes its GID and P_Key caches with
+///   those and checks indexes against them for the device's whole life.
+/// * `link_layer` comes from `rdma_port_get_link_layer`, and the
+///   `IBV_QPF_GRH_REQUIRED` flag from the port's immutable core capability
+///   flags (`rdma_is_grh_required`); a driver that switches a port between
+///   InfiniBand and Ethernet (mlx4) re-registers the device, which ends
+///   every open context.
+/// * `max_mtu` is what the port's hardware (or rxe: always 4096) can carry.
+///   The kernel does not promise it fixed, so it is used only to *accept*
+///   a path MTU: a refusal re-reads it (see [`Context`]).
+///
+/// What does change (state, active MTU, LIDs, counters) is not here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PortFixed {
+    pub pkey_tbl_len: u16,
+    pub gid_tbl_len: u32,
+    pub max_mtu: Mtu,
+    pub link_layer: LinkLayer,
+    pub flags: PortFlags,
+}
+
+impl PortFixed {
+    pub(crate) fn of(a: &PortAttr) -> Self {
+        PortFixed {
+            pkey_tbl_len: a.pkey_tbl_len,
+            gid_tbl_len: a.gid_tbl_len,
+            max_mtu: a.max_mtu,
+            link_layer: a.link_layer,
+            flags: a.flags,
+        }
+    }
+
+    /// As [`PortAttr::is_roce`].
+    pub(crate) fn is_roce(&self) -> bool {
+        self.link_layer == LinkLayer::Ethernet
+    }
+
+    /// As [`PortAttr::grh_required`].
+    pub(crate) fn grh_required(&self) -> bool {
+        self.is_roce() || self.flags.contains(PortFlags::GRH_REQUIRED)
+    }
+}
+
+/// What the validator needs of a used GID table entry: whether a RoCE v2
+/// source can reach a destination of either family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GidKind {
+    /// Not RoCE v2 (InfiniBand, RoCE v1): no family constraint.
+    Other,
+    /// A RoCE v2 IPv4-mapped GID: it sends IPv4 packets.
+    RoceV2Ipv4,
+    /// Any other RoCE v2 GID: it sends IPv6 packets.
+    RoceV2Ipv6,
+}
+
+impl GidKind {
+    pub(crate) fn of(entry: &crate::gid::GidEntry) -> Self {
+        if entry.gid_type != Some(crate::gid::GidType::RoceV2) {
+            GidKind::Other
+        } else if entry.gid.as_ipv6().to_ipv4_mapped().is_some() {
+            GidKind::RoceV2Ipv4
+        } else {
+            GidKind::RoceV2Ipv6
+        }
+    }
+
+    /// Whether a GRH from such an entry can reach `dgid`.
+    pub(crate) fn reaches(self, dgid: crate::gid::Gid) -> bool {
+        let v4 = dgid.as_ipv6().to_ipv4_mapped().is_some();
+        match self {
+            GidKind::Other => true,
+            GidKind::RoceV2Ipv4 => v4,
+            GidKind::RoceV2Ipv6 => !v4,
+        }
+    }
+
+    fn encode(k: Option<Self>) -> u8 {
+        match k {
+            None => 0,
+            Some(GidKind::Other) => 1,
+            Some(GidKind::RoceV2Ipv4) => 2,
+            Some(GidKind::RoceV2Ipv6) => 3,
+        }
+    }
+
+    fn decode(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(GidKind::Other),
+            2 => Some(GidKind::RoceV2Ipv4),
+            3 => Some(GidKind::RoceV2Ipv6),
+            _ => None,
+        }
+    }
+}
+
+/// GID entries cached per port at most (rxe has 1024, ConnectX NICs a few
+/// hundred): one byte each.
+const MAX_CACHED_GIDS: usize = 1 << 16;
+
+/// One port's cache in a context: its [`PortFixed`] attributes once read,
+/// and the kind of each GID entry last seen used.
+#[derive(Default)]
+struct PortSlot {
+    fixed: Mutex<Option<PortFixed>>,
+    /// One byte per entry of the GID table (`GidKind::encode`: 0 is
+    /// unknown), allocated once, when the table's length is first known.
+    gids: OnceLock<Box<[AtomicU8]>>,
+}
+
+/// The per-port cache of a [`Context`](crate::Context): filled by the
+/// first `ibv_query_port` of a port (every query refreshes it) and by GID
+/// reads. Thread safe; reading it allocates nothing and makes no call.
+pub(crate) struct PortCache {
+    /// Index `port - 1`.
+    slots: Box<[PortSlot]>,
+}
+
+impl PortCache {
+    /// A cache for ports `1..=ports`.
+    pub(crate) fn new(ports: u8) -> Self {
+        PortCache {
+            slots: (0..ports).map(|_| PortSlot::default()).collect(),
+        }
+    }
+
+    fn slot(&self, port: u8) -> Option<&PortSlot> {
+        self.slots.get(usize::from(port).checked_sub(1)?)
+    }
+
+    /// The fixed attributes of `port`, if they were read.
+    pub(crate) fn fixed(&self, port: u8) -> Option<PortFixed> {
+        // A poisoned lock still holds a whole `Option<PortFixed>` (a plain
+        // store is the only write): take it.
+        *self
+            .slot(port)?
+            .fixed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records what a query of `port` returned.
+    pub(crate) fn store(&self, port: u8, attr: &PortAttr) {
+        let Some(slot) = self.slot(port) else { return };
+        let fixed = PortFixed::of(attr);
+        *slot.fixed.lock().unwrap_or_else(|e| e.into_inner()) = Some(fixed);
+        // Entries past MAX_CACHED_GIDS are read every time.
+        let len = usize::try_from(fixed.gid_tbl_len)
+            .unwrap_or(0)
+            .min(MAX_CACHED_GIDS);
+        slot.gids
+            .get_or_init(|| (0..len).map(|_| AtomicU8::new(0)).collect());
+    }
+
+    /// The kind of GID entry `index` of `port` when last seen used.
+    pub(crate) fn gid(&self, port: u8, index: u32) -> Option<GidKind> {
+        let cell = self
+            .slot(port)?
+            .gids
+            .get()?
+            .get(usize::try_from(index).ok()?)?;
+        GidKind::decode(cell.load(Ordering::Relaxed))
+    }
+
+    /// Forgets every GID entry of `port`.
+    pub(crate) fn forget_gids(&self, port: u8) {
+        if let Some(g) = self.slot(port).and_then(|s| s.gids.get()) {
+            g.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+        }
+    }
+
+    /// Records entry `index` of `port`: `None` when it was seen empty.
+    /// Ignored until the port's table length is known.
+    pub(crate) fn store_gid(&self, port: u8, index: u32, kind: Option<GidKind>) {
+        let cell = self
+            .slot(port)
+            .and_then(|s| s.gids.get())
+            .and_then(|g| g.get(usize::try_from(index).ok()?));
+        if let Some(cell) = cell {
+            cell.store(GidKind::encode(kind), Ordering::Relaxed);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,5 +501,103 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    fn roce_port(gid_tbl_len: i32) -> PortAttr {
+        PortAttr::from_raw(&sys::ibv_port_attr {
+            state: sys::ibv_port_state::IBV_PORT_ACTIVE,
+            max_mtu: sys::ibv_mtu::IBV_MTU_4096,
+            active_mtu: sys::ibv_mtu::IBV_MTU_1024,
+            gid_tbl_len,
+            pkey_tbl_len: 64,
+            link_layer: sys::IBV_LINK_LAYER_ETHERNET as u8,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn port_cache_holds_only_the_fixed_attributes() {
+        let cache = PortCache::new(2);
+        assert_eq!(cache.fixed(1), None);
+        let mut a = roce_port(16);
+        cache.store(1, &a);
+        let f = cache.fixed(1).unwrap();
+        assert_eq!(
+            (f.pkey_tbl_len, f.gid_tbl_len, f.max_mtu),
+            (64, 16, Mtu::Mtu4096)
+        );
+        assert!(f.is_roce() && f.grh_required());
+        // What changes with the link is not kept: another active MTU or
+        // state stores the same fixed part.
+        a.active_mtu = Mtu::Mtu4096;
+        a.state = PortState::Down;
+        cache.store(1, &a);
+        assert_eq!(cache.fixed(1), Some(f));
+        // Ports outside 1..=2 are never cached (and never panic).
+        for p in [0, 3, 255] {
+            cache.store(p, &a);
+            assert_eq!(cache.fixed(p), None);
+            cache.store_gid(p, 0, Some(GidKind::Other));
+            assert_eq!(cache.gid(p, 0), None);
+        }
+        assert_eq!(cache.fixed(2), None);
+    }
+
+    #[test]
+    fn gid_kinds_are_cached_per_entry_and_forgotten() {
+        let cache = PortCache::new(1);
+        // Before the table's length is known nothing is kept.
+        cache.store_gid(1, 0, Some(GidKind::RoceV2Ipv4));
+        assert_eq!(cache.gid(1, 0), None);
+        cache.store(1, &roce_port(4));
+        cache.store_gid(1, 1, Some(GidKind::RoceV2Ipv4));
+        cache.store_gid(1, 2, Some(GidKind::RoceV2Ipv6));
+        cache.store_gid(1, 4, Some(GidKind::Other)); // past the table
+        assert_eq!(cache.gid(1, 1), Some(GidKind::RoceV2Ipv4));
+        assert_eq!(cache.gid(1, 2), Some(GidKind::RoceV2Ipv6));
+        assert_eq!(cache.gid(1, 4), None);
+        cache.store_gid(1, 1, None); // seen empty
+        assert_eq!(cache.gid(1, 1), None);
+        cache.forget_gids(1);
+        assert_eq!(cache.gid(1, 2), None);
+    }
+
+    #[test]
+    fn gid_kind_reach() {
+        let v4: crate::gid::Gid = "::ffff:10.99.0.1".parse().unwrap();
+        let v6: crate::gid::Gid = "fe80::1".parse().unwrap();
+        assert!(GidKind::RoceV2Ipv4.reaches(v4) && !GidKind::RoceV2Ipv4.reaches(v6));
+        assert!(GidKind::RoceV2Ipv6.reaches(v6) && !GidKind::RoceV2Ipv6.reaches(v4));
+        assert!(GidKind::Other.reaches(v4) && GidKind::Other.reaches(v6));
+        for k in [
+            None,
+            Some(GidKind::Other),
+            Some(GidKind::RoceV2Ipv4),
+            Some(GidKind::RoceV2Ipv6),
+        ] {
+            assert_eq!(GidKind::decode(GidKind::encode(k)), k);
+        }
+        let entry = |gid_type, gid| crate::gid::GidEntry {
+            gid,
+            index: 0,
+            port: 1,
+            gid_type,
+            ndev_ifindex: 0,
+        };
+        use crate::gid::GidType;
+        assert_eq!(
+            GidKind::of(&entry(Some(GidType::RoceV2), v4)),
+            GidKind::RoceV2Ipv4
+        );
+        assert_eq!(
+            GidKind::of(&entry(Some(GidType::RoceV2), v6)),
+            GidKind::RoceV2Ipv6
+        );
+        assert_eq!(
+            GidKind::of(&entry(Some(GidType::RoceV1), v4)),
+            GidKind::Other
+        );
+        assert_eq!(GidKind::of(&entry(None, v6)), GidKind::Other);
     }
 }

@@ -284,10 +284,14 @@ impl QueuePair {
         match attr.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => {}
             QpType::RawPacket => {
-                let ethernet = ctx
-                    .ports()
-                    .filter_map(|p| ctx.query_port(p).ok())
-                    .any(|p| p.link_layer == LinkLayer::Ethernet);
+                // The link layer is fixed while the context is open: the
+                // cached one accepts, a refusal re-reads the ports.
+                let ethernet = |fresh| {
+                    ctx.ports()
+                        .filter_map(|p| ctx.port_fixed(p, fresh).ok())
+                        .any(|p| p.link_layer == LinkLayer::Ethernet)
+                };
+                let ethernet = ethernet(false) || ethernet(true);
                 if !ethernet {
                     return Err(Error::Unsupported {
                         what: "RAW_PACKET queue pairs (no Ethernet port)",

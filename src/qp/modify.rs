@@ -4,7 +4,7 @@ use super::attr::QpAttr;
 use super::mask::QpAttrMask;
 use std::time::{Duration, Instant};
 
-use super::validate::{validate, ModifyError, QpView};
+use super::validate::{revalidate_fresh, validate, ModifyError, QpView};
 use super::{QpState, QueuePair};
 use crate::error::{check_rc, Error, Result};
 use crate::sys;
@@ -85,6 +85,35 @@ impl QueuePair {
     /// known state is unchanged, as is the QP (`ibv_modify_qp` is all or
     /// nothing).
     ///
+    /// # Port attributes and GID entries: what is cached, how a change is noticed
+    ///
+    /// The checks make no kernel call of their own once the context's
+    /// per-port cache is warm, so a modify costs what `ibv_modify_qp` costs
+    /// (and allocates nothing when it succeeds). The cache (see
+    /// [`Context`](crate::Context#what-a-context-caches)) holds only
+    ///
+    /// * of each port, attributes fixed while a context is open: the P_Key
+    ///   and GID table lengths (the kernel's immutable port data), the link
+    ///   layer and `IBV_QPF_GRH_REQUIRED`, and the max MTU; read by the
+    ///   first [`Context::query_port`](crate::Context::query_port) of the
+    ///   port (the validator's own, or yours; every query refreshes it);
+    /// * of each GID entry read (by the validator,
+    ///   [`Context::query_gid`](crate::Context::query_gid),
+    ///   [`query_gid_entry`](crate::Context::query_gid_entry) or
+    ///   [`gid_table`](crate::Context::gid_table)), whether it was used
+    ///   and its RoCE v2 family. GID entries *do* change (an IP address
+    ///   added or removed on RoCE).
+    ///
+    /// What changes with the link (port state, active MTU, LIDs) is not
+    /// checked at all: the kernel judges it. Cached data is used only to
+    /// *accept*: a check that would refuse first re-reads the port
+    /// (`ibv_query_port`) and the GID entry (`ibv_query_gid_ex`), and
+    /// refuses only on what it read. A cached GID entry that changed since
+    /// it was read can thus let through a modify the kernel then refuses;
+    /// the checks then run again on freshly read data, and when they now
+    /// refuse, that [`Error::Modify`] is returned in place of the kernel's
+    /// errno (the device saw the call and refused it; the QP is unchanged).
+    ///
     /// ```no_run
     /// use rdma_verbs::qp::{QpAttr, QpState};
     /// use rdma_verbs::{AccessFlags, Context, QpInitAttr, QpType};
@@ -117,7 +146,24 @@ impl QueuePair {
                 .into());
             }
         }
-        self.modify_unchecked(attr)
+        match self.modify_unchecked(attr) {
+            Err(e @ Error::Verb { .. }) => {
+                // The checks may have accepted on a cached GID entry that
+                // has changed since: look again, and give the reason if
+                // there is one now. The QP is unchanged either way.
+                let view = QpView {
+                    ctx: self.pd().context(),
+                    qp_type: self.qp_type,
+                    state: self.state,
+                    port: self.port,
+                };
+                match revalidate_fresh(&view, attr) {
+                    Some(reason) => Err(reason.into()),
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Waits until the send queue of a QP in SQD has drained (`sq_draining`

@@ -1,5 +1,6 @@
 //! Checking a modify before it reaches the kernel.
 
+use std::cell::Cell;
 use std::fmt;
 
 use super::attr::QpAttr;
@@ -9,10 +10,12 @@ use super::{QpState, QpType};
 use crate::context::Context;
 use crate::device_attr::DeviceCapFlags;
 use crate::error::table_of;
-use crate::port::PortAttr;
+use crate::port::{GidKind, PortFixed};
 
 /// Why [`QueuePair::modify`](super::QueuePair::modify) refused a modify
-/// without calling the kernel. The QP is unchanged.
+/// without calling the kernel (or, once, after: when the kernel refused a
+/// modify accepted on a cached GID entry that has changed since; see
+/// [`Error::Modify`](crate::Error::Modify)). The QP is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ModifyError {
@@ -233,6 +236,11 @@ pub(crate) struct QpView<'a> {
 
 /// Checks `attr` against the transition table and the device, returning the
 /// target state.
+///
+/// The port attributes and GID entries the value checks read come from the
+/// context's cache ([`PortFixed`], [`GidKind`]), filled by the first read;
+/// a value check that would refuse re-reads them (one `ibv_query_port` per
+/// port it looks at, and the GID entry), so that only fresh data refuses.
 pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, ModifyError> {
     let from = qp.state;
     let to = attr.get_state().unwrap_or(from);
@@ -261,7 +269,13 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
                 attr,
                 reason,
             };
-            if let Err(e) = check_values(qp, attr, from, to, &value_err) {
+            // First against the context's cache (no call when it is warm);
+            // a refusal is never made on cached data: the checks run again
+            // against freshly read port attributes and GID entries, and
+            // only that verdict counts.
+            if let Err(e) = check_values(qp, attr, from, to, &value_err, Read::Cached)
+                .or_else(|_| check_values(qp, attr, from, to, &value_err, Read::Fresh))
+            {
                 reasons.push(e);
             }
         }
@@ -272,6 +286,23 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
         1 => Err(reasons.pop().expect("one reason")),
         _ => Err(ModifyError::Several(reasons)),
     }
+}
+
+/// After the kernel refused a modify that [`validate`] accepted: the value
+/// checks again against freshly read port attributes and GID entries (which
+/// refreshes the cache). `Some` when they now refuse: the cache was stale
+/// (a GID entry changed since it was read), and this is the reason.
+pub(crate) fn revalidate_fresh(qp: &QpView<'_>, attr: &QpAttr) -> Option<ModifyError> {
+    let from = qp.state;
+    let to = attr.get_state().unwrap_or(from);
+    let value_err = |attr: M, reason: String| ModifyError::Value {
+        qp_type: qp.qp_type,
+        from,
+        to,
+        attr,
+        reason,
+    };
+    check_values(qp, attr, from, to, &value_err, Read::Fresh).err()
 }
 
 /// Checks a modify of a `qp_type` QP in state `from` against the kernel's
@@ -341,13 +372,39 @@ pub fn check_transition(
     Ok(to)
 }
 
+/// Where the value checks read port attributes and GID entries from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// The context's cache, reading (and filling it) only what it lacks.
+    Cached,
+    /// The device: every port looked at is queried once, every GID entry
+    /// read (both refresh the cache).
+    Fresh,
+}
+
 /// The source GID entry a GRH names must exist (the kernel: ENODATA), and
 /// on RoCE v2 be of the destination's family: an IPv4-mapped GID sends
 /// IPv4 packets, any other IPv6 (the kernel: EINVAL). The caller checked
 /// the index against the port's table (no second port query here).
-fn check_sgid(ctx: &Context, port: u8, g: &super::values::GlobalRoute) -> Result<(), String> {
+///
+/// With [`Read::Cached`], an entry last seen used and of a fitting kind is
+/// accepted without a call (the kernel judges the entry anyway); anything
+/// else reads the entry, so a refusal always rests on a fresh read.
+fn check_sgid(
+    ctx: &Context,
+    port: u8,
+    g: &super::values::GlobalRoute,
+    read: Read,
+) -> Result<(), String> {
     const VERB: &str = "ibv_query_gid_ex";
     let index = g.sgid_index();
+    if read == Read::Cached
+        && ctx
+            .cached_gid(port, index.into())
+            .is_some_and(|kind| kind.reaches(g.dgid()))
+    {
+        return Ok(());
+    }
     let entry = ctx
         .raw_gid_entry(VERB, port, index.into())
         .map(|raw| crate::gid::GidEntry::from_raw(&raw))
@@ -355,9 +412,9 @@ fn check_sgid(ctx: &Context, port: u8, g: &super::values::GlobalRoute) -> Result
             crate::Error::InvalidArgument { reason, .. } => format!("sgid_index {index}: {reason}"),
             other => format!("sgid_index {index}: cannot read the GID entry: {other}"),
         })?;
-    let v4 = |gid: crate::gid::Gid| gid.as_ipv6().to_ipv4_mapped().is_some();
-    let family = |ipv4: bool| if ipv4 { "IPv4" } else { "IPv6" };
-    if entry.gid_type == Some(crate::gid::GidType::RoceV2) && v4(entry.gid) != v4(g.dgid()) {
+    if !GidKind::of(&entry).reaches(g.dgid()) {
+        let v4 = |gid: crate::gid::Gid| gid.as_ipv6().to_ipv4_mapped().is_some();
+        let family = |ipv4: bool| if ipv4 { "IPv4" } else { "IPv6" };
         return Err(format!(
             "sgid_index {index} is the RoCE v2 {} GID {}, which cannot reach the {} dgid {}: \
              pick a source GID of the same family",
@@ -398,31 +455,37 @@ fn check_attribute_only(qp_type: QpType, state: QpState, mask: M) -> Result<QpSt
     }
 }
 
+/// The value checks, reading port attributes and GID entries as `read`
+/// says. Allocates nothing unless it refuses.
 fn check_values(
     qp: &QpView<'_>,
     attr: &QpAttr,
     from: QpState,
     to: QpState,
     value_err: &dyn Fn(M, String) -> ModifyError,
+    read: Read,
 ) -> Result<(), ModifyError> {
     let ctx = qp.ctx;
     let dev = ctx.attr();
     let mask = attr.mask();
     let raw = attr.raw();
 
-    // Several checks look at the same port: query each port once.
-    let queried: std::cell::RefCell<Vec<(u8, PortAttr)>> = Default::default();
-    let port_attr = |flag: M, port: u8| -> Result<PortAttr, ModifyError> {
+    // Several checks look at the same port: with Read::Fresh each port is
+    // queried once (a bit per port number), after which the cache holds
+    // what the query returned.
+    let queried = Cell::new([0u64; 4]);
+    let port_attr = |flag: M, port: u8| -> Result<PortFixed, ModifyError> {
         if let Some(reason) = ctx.port_problem(port) {
             return Err(value_err(flag, reason));
         }
-        if let Some((_, pa)) = queried.borrow().iter().find(|(p, _)| *p == port) {
-            return Ok(pa.clone());
-        }
+        let (word, bit) = (usize::from(port / 64), 1u64 << (port % 64));
+        let mut seen = queried.get();
+        let fresh = read == Read::Fresh && seen[word] & bit == 0;
         let pa = ctx
-            .query_port(port)
+            .port_fixed(port, fresh)
             .map_err(|e| value_err(flag, format!("cannot query port {port}: {e}")))?;
-        queried.borrow_mut().push((port, pa.clone()));
+        seen[word] |= bit;
+        queried.set(seen);
         Ok(pa)
     };
     // The port the QP uses after this modify.
@@ -489,7 +552,7 @@ fn check_values(
             ),
         ));
     }
-    let check_av = |flag: M, av: &super::values::AddressVector| -> Result<PortAttr, ModifyError> {
+    let check_av = |flag: M, av: &super::values::AddressVector| -> Result<PortFixed, ModifyError> {
         let pa = port_attr(flag, av.port())?;
         match av.grh() {
             None if pa.grh_required() => Err(value_err(
@@ -514,7 +577,7 @@ fn check_values(
                 ),
             )),
             Some(g) => {
-                check_sgid(ctx, av.port(), g).map_err(|reason| value_err(flag, reason))?;
+                check_sgid(ctx, av.port(), g, read).map_err(|reason| value_err(flag, reason))?;
                 Ok(pa)
             }
             None => Ok(pa),

@@ -9,6 +9,7 @@ mod context;
 mod data;
 mod modify;
 mod objects;
+mod port_cache;
 mod qp;
 
 fn main() -> std::process::ExitCode {
@@ -18,5 +19,6 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
+    tests.extend_from_slice(port_cache::TESTS);
     common::run("device", &tests)
 }
