@@ -66,18 +66,31 @@
 //! allocate nothing up to eight requests (`-l` above 8 makes the crate
 //! allocate per post).
 //!
+//! The timed loops allocate nothing: a counting global allocator checks
+//! it, and a run that did allocate says so on stderr
+//! (`perf: note: size S: N heap allocations in the timed part`).
+//!
 //! Every wait has a deadline scaled by `RDMA_VERBS_TIME_SCALE`.
+//!
+//! Only `perf/raw.rs` (and the counting allocator) may use `unsafe`.
+
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 #[path = "common/pingpong.rs"]
 mod pingpong;
 #[path = "common/time.rs"]
 mod time;
 
+#[path = "perf/allocs.rs"]
+#[allow(unsafe_code)]
+mod allocs;
 #[path = "perf/opts.rs"]
 mod opts;
 #[path = "perf/path.rs"]
 mod path;
 #[path = "perf/raw.rs"]
+#[allow(unsafe_code)]
 mod raw;
 #[path = "perf/report.rs"]
 mod report;
@@ -97,6 +110,9 @@ use path::{DataPath, Plan};
 use pingpong::Res;
 use run::Runner;
 use setup::Ctrl;
+
+#[global_allocator]
+static ALLOC: allocs::Counting = allocs::Counting;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -172,6 +188,7 @@ fn sizes<P: DataPath>(o: &Opts, ctrl: &mut Ctrl, mut path: P, max_inline: u32) -
             ctrl.expect("DONE", wait::run_limit())?;
             path.finish()?;
             print_line(o, size, &out);
+            note_allocs(size, &out);
             results.push(report::result_line(o, size, &out));
         } else {
             let got = ctrl.expect("SIZE ", wait::run_limit())?;
@@ -196,6 +213,7 @@ fn sizes<P: DataPath>(o: &Opts, ctrl: &mut Ctrl, mut path: P, max_inline: u32) -
             path.finish()?;
             if let Some(out) = out {
                 print_line(o, size, &out);
+                note_allocs(size, &out);
             }
         }
     }
@@ -218,5 +236,14 @@ fn print_line(o: &Opts, size: usize, out: &run::Outcome) {
         report::lat_line(size, o.iters, out);
     } else {
         report::bw_line(size, o.iters, out);
+    }
+}
+
+fn note_allocs(size: usize, out: &run::Outcome) {
+    if out.allocs > 0 {
+        eprintln!(
+            "perf: note: size {size}: {} heap allocations in the timed part",
+            out.allocs
+        );
     }
 }

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::allocs;
 use crate::opts::Test;
 use crate::path::{DataPath, Plan, Progress, RECV_CHAIN};
 use crate::pingpong::Res;
@@ -21,6 +22,8 @@ pub struct Outcome {
     /// BW tests: the best rate over windows of at least a tenth of the
     /// operations (operations per second).
     pub peak_ops_per_sec: f64,
+    /// Heap allocations during the timed part (by any thread).
+    pub allocs: u64,
 }
 
 /// Scratch space reused by every size, so the timed loops allocate nothing.
@@ -156,6 +159,7 @@ impl Runner {
 
     fn client_lat<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<Outcome> {
         let iters = plan.iters;
+        let allocs0 = allocs::count();
         let start = Instant::now();
         for k in 0..iters {
             self.wait_room(path, plan)?;
@@ -182,6 +186,7 @@ impl Runner {
         }
         self.times.push(Instant::now());
         let elapsed = start.elapsed();
+        let allocs = allocs::count() - allocs0;
         let (polls, empty_polls) = (self.p.polls, self.p.empty_polls);
         self.drain(path, plan)?;
         Ok(Outcome {
@@ -191,6 +196,7 @@ impl Runner {
             polls,
             empty_polls,
             peak_ops_per_sec: 0.0,
+            allocs,
         })
     }
 
@@ -214,6 +220,7 @@ impl Runner {
         let total = iters * self.qps as u64;
         let window = plan.tx_depth as u64;
         let mut done_total = 0u64;
+        let allocs0 = allocs::count();
         let start = Instant::now();
         self.marks.push((start, 0));
         while done_total < total {
@@ -246,6 +253,7 @@ impl Runner {
             polls: self.p.polls,
             empty_polls: self.p.empty_polls,
             peak_ops_per_sec: peak(&self.marks, total),
+            allocs: allocs::count() - allocs0,
         })
     }
 
@@ -256,6 +264,7 @@ impl Runner {
         if plan.test == Test::SendBw {
             let total = iters * self.qps as u64;
             let mut start = None;
+            let allocs0 = allocs::count();
             loop {
                 let got: u64 = self.p.recvs_done.iter().sum();
                 if got >= total {
@@ -271,9 +280,11 @@ impl Runner {
                 ops: total,
                 polls: self.p.polls,
                 empty_polls: self.p.empty_polls,
+                allocs: allocs::count() - allocs0,
                 ..Default::default()
             });
         }
+        let allocs0 = allocs::count();
         let start = Instant::now();
         for k in 0..iters {
             match plan.test {
@@ -297,6 +308,7 @@ impl Runner {
         }
         self.times.push(Instant::now());
         let elapsed = start.elapsed();
+        let allocs = allocs::count() - allocs0;
         self.drain(path, plan)?;
         Ok(Outcome {
             samples: self.samples(plan),
@@ -305,6 +317,7 @@ impl Runner {
             polls: self.p.polls,
             empty_polls: self.p.empty_polls,
             peak_ops_per_sec: 0.0,
+            allocs,
         })
     }
 }

@@ -86,6 +86,10 @@ fn base() -> Instant {
 /// Starts the watchdog thread (once).
 pub fn start_watchdog() {
     base();
+    // Room for any message, so that arming never allocates.
+    if let Ok(mut w) = WHAT.lock() {
+        w.reserve(256);
+    }
     std::thread::spawn(|| loop {
         std::thread::sleep(Duration::from_millis(100));
         let d = DEADLINE_MS.load(Ordering::Acquire);
@@ -101,7 +105,7 @@ pub fn start_watchdog() {
 pub fn arm(limit: Duration, what: &str) {
     if let Ok(mut w) = WHAT.lock() {
         w.clear();
-        w.push_str(what);
+        w.push_str(if what.len() <= 256 { what } else { "a wait" });
     }
     let d = (base().elapsed() + limit).as_millis() as u64;
     DEADLINE_MS.store(d.max(1), Ordering::Release);
