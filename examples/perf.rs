@@ -123,6 +123,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(msg) => {
+            // getopt's messages already start with the program's name.
+            let msg = msg.strip_prefix("perf: ").unwrap_or(&msg);
             eprintln!("perf: {msg}");
             eprintln!("{}", opts::USAGE);
             return ExitCode::FAILURE;

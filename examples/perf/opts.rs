@@ -289,6 +289,14 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         );
     }
     o.cq_mod = o.cq_mod.min(o.tx_depth);
+    if !lat && o.post_list > 1 && o.cq_mod % o.post_list != 0 {
+        let m = (o.cq_mod - o.cq_mod % o.post_list).max(o.post_list);
+        eprintln!(
+            "perf: -Q {} is not a multiple of the post list {}: using {m}",
+            o.cq_mod, o.post_list
+        );
+        o.cq_mod = m;
+    }
     o.rx_depth = o.rx_depth.min(o.iters.min(16384) as usize);
     o.sizes = if test.verb() == Verb::Atomic {
         if size.is_some_and(|s| s != 8) {

@@ -59,13 +59,19 @@ impl Plan {
         let inline = matches!(verb, Verb::Send | Verb::Write)
             && size <= o.inline_size
             && size <= max_inline as usize;
+        // A multiple of the post list, so that a full window always holds
+        // a signalled request (whole chains are posted; with a cq-mod that
+        // is not a multiple, the queue could fill with unsignalled ones).
+        let post_list = o.post_list.min(tx_depth).max(1);
+        let cq_mod = o.cq_mod.min(tx_depth).max(1);
+        let cq_mod = (cq_mod - cq_mod % post_list).max(post_list);
         Plan {
             test: o.test,
             size,
             tx_depth,
             rx_bufs,
-            cq_mod: o.cq_mod.min(tx_depth).max(1) as u64,
-            post_list: o.post_list.min(tx_depth),
+            cq_mod: cq_mod as u64,
+            post_list,
             inline,
             atomic: o.atomic,
             events: o.events,

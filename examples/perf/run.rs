@@ -65,16 +65,20 @@ impl Runner {
         self.posted.iter_mut().for_each(|x| *x = 0);
         self.recv_posted.iter_mut().for_each(|x| *x = 0);
         self.recv_total = if plan.rx_bufs > 0 { plan.iters } else { 0 };
-        let n = plan.iters as usize + 1;
-        if self.times.capacity() < n {
-            self.times.reserve(n);
-        }
-        let marks = (plan.iters / plan.cq_mod + 2) as usize * self.qps + 2;
-        if self.marks.capacity() < marks {
-            self.marks.reserve(marks);
-        }
         self.times.clear();
         self.marks.clear();
+        // Room for every timestamp, so that the timed loops never grow them.
+        let (times, marks) = if plan.test.is_lat() {
+            (plan.iters as usize + 1, 0)
+        } else {
+            (0, (plan.iters / plan.cq_mod + 2) as usize * self.qps + 2)
+        };
+        self.times.try_reserve(times).map_err(|_| {
+            format!("cannot allocate room for {times} latency samples: use fewer iterations")
+        })?;
+        self.marks.try_reserve(marks).map_err(|_| {
+            format!("cannot allocate room for {marks} progress marks: use fewer iterations")
+        })?;
         self.stall = Stall::new();
         for q in 0..self.qps {
             self.refill(path, q)?;
