@@ -51,7 +51,9 @@
 //! `perf-result: test=T path=safe|raw size=S iters=N ops=O polls=P
 //! empty_polls=E usec=U`: O is the operations completed (iterations times
 //! QPs), P the `ibv_poll_cq` calls of the timed part and E those that
-//! found nothing, U the timed part in microseconds.
+//! found nothing, U the timed part in microseconds. The timed loops are
+//! functions of their own (`timed_client_lat`, `timed_client_bw`, ...), so
+//! `valgrind --tool=callgrind --toggle-collect='*timed_*'` counts them alone.
 //!
 //! # The two paths
 //!

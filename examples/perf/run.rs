@@ -162,10 +162,29 @@ impl Runner {
     }
 
     fn client_lat<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<Outcome> {
-        let iters = plan.iters;
         let allocs0 = allocs::count();
         let start = Instant::now();
-        for k in 0..iters {
+        self.timed_client_lat(path, plan)?;
+        let elapsed = start.elapsed();
+        let allocs = allocs::count() - allocs0;
+        let (polls, empty_polls) = (self.p.polls, self.p.empty_polls);
+        self.drain(path, plan)?;
+        Ok(Outcome {
+            samples: self.samples(plan),
+            elapsed,
+            ops: plan.iters,
+            polls,
+            empty_polls,
+            peak_ops_per_sec: 0.0,
+            allocs,
+        })
+    }
+
+    /// The client's latency loop (a function of its own, so that callgrind
+    /// can count it alone: `--toggle-collect='*timed_*'`).
+    #[inline(never)]
+    fn timed_client_lat<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<()> {
+        for k in 0..plan.iters {
             self.wait_room(path, plan)?;
             self.times.push(Instant::now());
             match plan.test {
@@ -189,19 +208,7 @@ impl Runner {
             }
         }
         self.times.push(Instant::now());
-        let elapsed = start.elapsed();
-        let allocs = allocs::count() - allocs0;
-        let (polls, empty_polls) = (self.p.polls, self.p.empty_polls);
-        self.drain(path, plan)?;
-        Ok(Outcome {
-            samples: self.samples(plan),
-            elapsed,
-            ops: iters,
-            polls,
-            empty_polls,
-            peak_ops_per_sec: 0.0,
-            allocs,
-        })
+        Ok(())
     }
 
     fn samples(&self, plan: &Plan) -> Vec<f64> {
@@ -220,13 +227,30 @@ impl Runner {
     }
 
     fn client_bw<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<Outcome> {
+        let total = plan.iters * self.qps as u64;
+        let allocs0 = allocs::count();
+        let start = Instant::now();
+        self.marks.push((start, 0));
+        self.timed_client_bw(path, plan)?;
+        let elapsed = start.elapsed();
+        Ok(Outcome {
+            samples: Vec::new(),
+            elapsed,
+            ops: total,
+            polls: self.p.polls,
+            empty_polls: self.p.empty_polls,
+            peak_ops_per_sec: peak(&self.marks, total),
+            allocs: allocs::count() - allocs0,
+        })
+    }
+
+    /// The client's bandwidth loop (see [`timed_client_lat`](Self::timed_client_lat)).
+    #[inline(never)]
+    fn timed_client_bw<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<()> {
         let iters = plan.iters;
         let total = iters * self.qps as u64;
         let window = plan.tx_depth as u64;
         let mut done_total = 0u64;
-        let allocs0 = allocs::count();
-        let start = Instant::now();
-        self.marks.push((start, 0));
         while done_total < total {
             for q in 0..self.qps {
                 loop {
@@ -249,48 +273,61 @@ impl Runner {
                 }
             }
         }
-        let elapsed = start.elapsed();
-        Ok(Outcome {
-            samples: Vec::new(),
-            elapsed,
-            ops: total,
-            polls: self.p.polls,
-            empty_polls: self.p.empty_polls,
-            peak_ops_per_sec: peak(&self.marks, total),
-            allocs: allocs::count() - allocs0,
-        })
+        Ok(())
     }
 
     /// The server's part of one size (send_lat, write_lat, send_bw); the
     /// other tests leave the server passive.
     pub fn server<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<Outcome> {
-        let iters = plan.iters;
+        let allocs0 = allocs::count();
         if plan.test == Test::SendBw {
-            let total = iters * self.qps as u64;
-            let mut start = None;
-            let allocs0 = allocs::count();
-            loop {
-                let got: u64 = self.p.recvs_done.iter().sum();
-                if got >= total {
-                    break;
-                }
-                if self.pump(path, plan, "the client's sends")? > 0 && start.is_none() {
-                    start = Some(Instant::now());
-                }
-            }
-            let elapsed = start.map_or(Duration::ZERO, |s| s.elapsed());
+            let elapsed = self.timed_server_bw(path, plan)?;
             return Ok(Outcome {
                 elapsed,
-                ops: total,
+                ops: plan.iters * self.qps as u64,
                 polls: self.p.polls,
                 empty_polls: self.p.empty_polls,
                 allocs: allocs::count() - allocs0,
                 ..Default::default()
             });
         }
-        let allocs0 = allocs::count();
         let start = Instant::now();
-        for k in 0..iters {
+        self.timed_server_lat(path, plan)?;
+        let elapsed = start.elapsed();
+        let allocs = allocs::count() - allocs0;
+        self.drain(path, plan)?;
+        Ok(Outcome {
+            samples: self.samples(plan),
+            elapsed,
+            ops: plan.iters,
+            polls: self.p.polls,
+            empty_polls: self.p.empty_polls,
+            peak_ops_per_sec: 0.0,
+            allocs,
+        })
+    }
+
+    /// send_bw's server: counts receives; the time from the first to the last.
+    #[inline(never)]
+    fn timed_server_bw<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<Duration> {
+        let total = plan.iters * self.qps as u64;
+        let mut start = None;
+        loop {
+            let got: u64 = self.p.recvs_done.iter().sum();
+            if got >= total {
+                break;
+            }
+            if self.pump(path, plan, "the client's sends")? > 0 && start.is_none() {
+                start = Some(Instant::now());
+            }
+        }
+        Ok(start.map_or(Duration::ZERO, |s| s.elapsed()))
+    }
+
+    /// The server's side of the ping-pong (send_lat, write_lat).
+    #[inline(never)]
+    fn timed_server_lat<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<()> {
+        for k in 0..plan.iters {
             match plan.test {
                 Test::SendLat => {
                     while self.p.recvs_done[0] <= k {
@@ -311,18 +348,7 @@ impl Runner {
             }
         }
         self.times.push(Instant::now());
-        let elapsed = start.elapsed();
-        let allocs = allocs::count() - allocs0;
-        self.drain(path, plan)?;
-        Ok(Outcome {
-            samples: self.samples(plan),
-            elapsed,
-            ops: iters,
-            polls: self.p.polls,
-            empty_polls: self.p.empty_polls,
-            peak_ops_per_sec: 0.0,
-            allocs,
-        })
+        Ok(())
     }
 }
 
