@@ -36,7 +36,8 @@
 //! # What is measured
 //!
 //! * `send_lat`, `write_lat`: ping-pong; each sample is half the time
-//!   between two consecutive posts of the client (a round trip). write_lat
+//!   between two consecutive posts of the client (a round trip; the clock
+//!   is read right after each post, off the round trip's path). write_lat
 //!   sees the peer's write arrive by polling the last byte of its own
 //!   region (with `MemoryRegion::read` on the safe path).
 //! * `read_lat`, `atomic_lat`: one operation, wait for its completion; each

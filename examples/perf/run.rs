@@ -184,12 +184,14 @@ impl Runner {
     /// can count it alone: `--toggle-collect='*timed_*'`).
     #[inline(never)]
     fn timed_client_lat<P: DataPath>(&mut self, path: &mut P, plan: &Plan) -> Res<()> {
+        // Each timestamp is taken right after a post, while the request is
+        // on its way, so reading the clock is not on the round trip's path.
         for k in 0..plan.iters {
             self.wait_room(path, plan)?;
-            self.times.push(Instant::now());
             match plan.test {
                 Test::SendLat => {
                     self.post_one(path)?;
+                    self.times.push(Instant::now());
                     while self.p.recvs_done[0] <= k {
                         self.pump(path, plan, "the server's reply")?;
                     }
@@ -197,10 +199,12 @@ impl Runner {
                 Test::WriteLat => {
                     path.stamp(stamp_of(k))?;
                     self.post_one(path)?;
+                    self.times.push(Instant::now());
                     self.wait_inbox(path, stamp_of(k))?;
                 }
                 _ => {
                     self.post_one(path)?;
+                    self.times.push(Instant::now());
                     while self.p.sends_done[0] < self.posted[0] {
                         self.pump(path, plan, "the completion")?;
                     }
@@ -334,15 +338,15 @@ impl Runner {
                         self.pump(path, plan, "the client's message")?;
                     }
                     self.wait_room(path, plan)?;
-                    self.times.push(Instant::now());
                     self.post_one(path)?;
+                    self.times.push(Instant::now());
                 }
                 Test::WriteLat => {
                     self.wait_inbox(path, stamp_of(k))?;
                     self.wait_room(path, plan)?;
-                    self.times.push(Instant::now());
                     path.stamp(stamp_of(k))?;
                     self.post_one(path)?;
+                    self.times.push(Instant::now());
                 }
                 other => return Err(format!("{} has a passive server", other.name())),
             }
