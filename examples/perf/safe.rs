@@ -1,0 +1,320 @@
+//! The safe path: chunks of registered regions, moved into the QP by
+//! `post_send`/`post_recv` and handed back by `reclaim`.
+#![forbid(unsafe_code)]
+
+use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
+use rdma_verbs::{AccessFlags, Chunk, WorkCompletion};
+
+use crate::path::{DataPath, Op, Plan, Progress, POLL_BATCH};
+use crate::pingpong::{OrFail, Res};
+use crate::setup::Conn;
+use crate::wait;
+
+/// Receives' `wr_id`s have this bit; sends' are their sequence numbers.
+const RECV: u64 = 1 << 63;
+
+/// One QP's buffers for sends and writes (sources) and for reads and
+/// atomics (landing places): one chunk per outstanding request.
+struct Buffers {
+    pool: Vec<Chunk>,
+    /// The bytes of inline sends and writes (copied by the provider).
+    inline: Vec<u8>,
+}
+
+impl Buffers {
+    /// The source of the next SEND or RDMA WRITE. One owned chunk per
+    /// outstanding request for now; a read-only buffer shared by many
+    /// outstanding requests will take its place when the crate has one.
+    fn source(&mut self) -> Option<Chunk> {
+        self.pool.pop()
+    }
+
+    /// Where the next RDMA READ or atomic lands (the device writes it, so
+    /// it stays an owned chunk).
+    fn landing(&mut self) -> Option<Chunk> {
+        self.pool.pop()
+    }
+
+    /// The chunk [`source`](Self::source) hands out next, to write into.
+    fn next_source_mut(&mut self) -> Option<&mut Chunk> {
+        self.pool.last_mut()
+    }
+
+    fn give_back(&mut self, c: Chunk) {
+        self.pool.push(c);
+    }
+}
+
+pub struct SafePath {
+    conn: Conn,
+    plan: Option<Plan>,
+    ops: Vec<Op>,
+    bufs: Vec<Buffers>,
+    recv_pool: Vec<Vec<Chunk>>,
+    rx_bufs: usize,
+    wcs: [WorkCompletion; POLL_BATCH],
+    qpns: Vec<u32>,
+}
+
+impl SafePath {
+    pub fn new(conn: Conn) -> Self {
+        let qpns = conn.qps.iter().map(|q| q.qp_num()).collect();
+        SafePath {
+            conn,
+            plan: None,
+            ops: Vec::new(),
+            bufs: Vec::new(),
+            recv_pool: Vec::new(),
+            rx_bufs: 0,
+            wcs: [WorkCompletion::default(); POLL_BATCH],
+            qpns,
+        }
+    }
+
+    fn plan(&self) -> Res<Plan> {
+        self.plan.ok_or_else(|| "internal: no size prepared".into())
+    }
+}
+
+/// `wr` signalled or not, as the plan says for request `seq`.
+fn mark<'a>(plan: &Plan, wr: SendWr<'a>, seq: u64) -> SendWr<'a> {
+    if plan.signaled(seq) {
+        wr
+    } else {
+        wr.unsignaled()
+    }
+}
+
+fn send_op(op: Op) -> SendOp {
+    match op {
+        Op::Send => SendOp::Send,
+        Op::Write(r) => SendOp::RdmaWrite(r),
+        Op::Read(r) => SendOp::RdmaRead(r),
+        Op::FetchAdd(r) => SendOp::FetchAdd { remote: r, add: 1 },
+        Op::CmpSwap(r) => SendOp::CompareSwap {
+            remote: r,
+            compare: 0,
+            swap: 0,
+        },
+    }
+}
+
+/// The message of a failed completion.
+pub fn wc_error(wc: &WorkCompletion) -> String {
+    let status = match wc.status() {
+        Ok(s) => format!("{s:?} ({})", s.message()),
+        Err(raw) => format!("status {raw}"),
+    };
+    format!(
+        "completion with error: {status}, vendor error {:#x}, QP {:#x}",
+        wc.vendor_err(),
+        wc.qp_num()
+    )
+}
+
+impl DataPath for SafePath {
+    fn prepare(&mut self, plan: &Plan) -> Res<()> {
+        let len = plan.size;
+        self.bufs.clear();
+        self.recv_pool.clear();
+        self.ops.clear();
+        let access = AccessFlags::LOCAL_WRITE;
+        for q in 0..self.conn.qps.len() {
+            let mut pool = self
+                .conn
+                .pd
+                .alloc_chunks(plan.tx_depth, len, access)
+                .or_fail("Couldn't register the send buffers")?;
+            for c in &mut pool {
+                c.as_mut_slice().fill(0);
+            }
+            self.bufs.push(Buffers {
+                pool,
+                inline: vec![0; len],
+            });
+            let rx = if plan.rx_bufs > 0 {
+                self.conn
+                    .pd
+                    .alloc_chunks(plan.rx_bufs, len, access)
+                    .or_fail("Couldn't register the receive buffers")?
+            } else {
+                Vec::new()
+            };
+            self.recv_pool.push(rx);
+            self.ops.push(Op::of(plan, self.conn.remote[q]));
+        }
+        self.rx_bufs = plan.rx_bufs;
+        self.plan = Some(*plan);
+        Ok(())
+    }
+
+    fn post(&mut self, q: usize, first: u64, n: usize) -> Res<()> {
+        let plan = self.plan()?;
+        let op = send_op(self.ops[q]);
+        let bufs = &mut self.bufs[q];
+        let qp = &mut self.conn.qps[q];
+        if plan.inline {
+            let data = &bufs.inline[..plan.size];
+            return qp
+                .post_send((0..n as u64).map(|i| {
+                    let seq = first + i;
+                    mark(&plan, SendWr::new(seq, op).inline(data), seq)
+                }))
+                .map_err(|e| format!("Couldn't post send: {e}"));
+        }
+        if bufs.pool.len() < n {
+            return Err(format!(
+                "internal: {n} requests but {} free buffers",
+                bufs.pool.len()
+            ));
+        }
+        let landing = matches!(
+            op,
+            SendOp::RdmaRead(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
+        );
+        let res = qp.post_send((0..n as u64).map(|i| {
+            let seq = first + i;
+            let chunk = if landing {
+                bufs.landing()
+            } else {
+                bufs.source()
+            };
+            let wr = SendWr::new(seq, op);
+            let wr = match chunk {
+                Some(c) => wr.sge_len(c, plan.size),
+                None => wr,
+            };
+            mark(&plan, wr, seq)
+        }));
+        res.map_err(|e| {
+            let msg = format!("Couldn't post send: {e}");
+            for c in e.returned {
+                bufs.give_back(c);
+            }
+            msg
+        })
+    }
+
+    fn free_recvs(&self, q: usize) -> usize {
+        self.recv_pool.get(q).map_or(0, Vec::len)
+    }
+
+    fn post_recvs(&mut self, q: usize, n: usize) -> Res<()> {
+        let pool = &mut self.recv_pool[q];
+        let n = n.min(pool.len());
+        let start = pool.len() - n;
+        let res = self.conn.qps[q].post_recv(
+            pool.drain(start..)
+                .enumerate()
+                .map(|(i, c)| RecvWr::new(RECV | i as u64).sge(c)),
+        );
+        res.map_err(|e| {
+            let msg = format!("Couldn't post receive: {e}");
+            pool.extend(e.returned);
+            msg
+        })
+    }
+
+    fn poll(&mut self, p: &mut Progress) -> Res<usize> {
+        p.polls += 1;
+        let wcs = self.conn.cq.poll(&mut self.wcs).or_fail("poll CQ failed")?;
+        if wcs.is_empty() {
+            p.empty_polls += 1;
+            return Ok(0);
+        }
+        for wc in wcs.iter() {
+            let q = self
+                .qpns
+                .iter()
+                .position(|&n| n == wc.qp_num())
+                .ok_or_else(|| format!("completion for unknown QP {:#x}", wc.qp_num()))?;
+            if !wc.is_success() {
+                return Err(wc_error(wc));
+            }
+            let bufs = &mut self.bufs[q];
+            let rx = &mut self.recv_pool[q];
+            let (mut sends, mut recvs) = (0, 0);
+            self.conn.qps[q].reclaim(wc, |done| {
+                if done.wr_id & RECV != 0 {
+                    recvs += 1;
+                    rx.extend(done.chunks());
+                } else {
+                    sends += 1;
+                    for c in done.chunks() {
+                        bufs.give_back(c);
+                    }
+                }
+            });
+            p.sends_done[q] += sends;
+            p.recvs_done[q] += recvs;
+        }
+        Ok(wcs.len())
+    }
+
+    fn wait_event(&mut self) -> Res<()> {
+        let ch = self
+            .conn
+            .channel
+            .as_ref()
+            .ok_or("internal: no completion channel")?;
+        wait::arm(wait::stall_limit(), "a CQ event");
+        let ev = ch.get_event();
+        wait::disarm();
+        let ev = ev.or_fail("Failed to get cq_event")?;
+        if !ev.is_for(&self.conn.cq) {
+            return Err("CQ event for an unknown CQ".into());
+        }
+        self.conn
+            .cq
+            .req_notify(false)
+            .or_fail("Couldn't request CQ notification")
+    }
+
+    fn stamp(&mut self, v: u8) -> Res<()> {
+        let plan = self.plan()?;
+        let last = plan.size - 1;
+        let bufs = &mut self.bufs[0];
+        if plan.inline {
+            bufs.inline[last] = v;
+            return Ok(());
+        }
+        let c = bufs
+            .next_source_mut()
+            .ok_or("internal: no free source buffer to stamp")?;
+        c.as_mut_slice()[last] = v;
+        Ok(())
+    }
+
+    fn inbox_last(&self) -> Res<u8> {
+        let last = self.plan()?.size - 1;
+        let mut b = [0u8; 1];
+        self.conn
+            .target
+            .read(last, &mut b)
+            .or_fail("reading the target region")?;
+        Ok(b[0])
+    }
+
+    fn clear_inbox(&mut self) -> Res<()> {
+        let last = self.plan()?.size - 1;
+        self.conn
+            .target
+            .write(last, &[0])
+            .or_fail("clearing the target region")
+    }
+
+    fn finish(&mut self) -> Res<()> {
+        for (q, pool) in self.recv_pool.iter().enumerate() {
+            if pool.len() != self.rx_bufs {
+                return Err(format!(
+                    "internal: QP {q} has {} of {} receive buffers back",
+                    pool.len(),
+                    self.rx_bufs
+                ));
+            }
+        }
+        self.bufs.clear();
+        self.recv_pool.clear();
+        Ok(())
+    }
+}
