@@ -60,14 +60,17 @@
 //!
 //! Both run the same loops (`perf/run.rs`, generic over `perf/path.rs`'s
 //! `DataPath`). The safe path (`perf/safe.rs`, no `unsafe`) posts
-//! `SendWr`/`RecvWr` that own `Chunk`s and gets them back with `reclaim`;
+//! `SendWr`/`RecvWr` and gets owned `Chunk`s back with `reclaim_chunks`
+//! (one call per completion, however many unsignalled requests it ends);
+//! sends and writes (but write_lat's) name one read-only `SharedChunk`;
 //! the raw path (`perf/raw.rs`) builds `sys::ibv_send_wr`/`ibv_recv_wr`
 //! chains once per size and posts them with `post_send_raw`/`post_recv_raw`.
-//! Both give each outstanding request its own buffer, so memory is
-//! capped at 128 MiB per QP for sends and for receives (fewer buffers for
-//! very large messages, with a note on stderr). The safe path's chains
-//! allocate nothing up to eight requests (`-l` above 8 makes the crate
-//! allocate per post).
+//! Reads, atomics and receives get a buffer per outstanding request
+//! (the raw path gives every request its own), so memory is capped at
+//! 128 MiB per QP for sends and for receives (fewer buffers for very large
+//! messages, with a note on stderr). Neither path allocates per post in
+//! steady state, whatever the chain length (a note on stderr says if the
+//! timed part allocated).
 //!
 //! The timed loops allocate nothing per iteration: a counting global
 //! allocator checks it, and a run that did allocate says so on stderr

@@ -14,8 +14,7 @@ pub const MEM_BUDGET: usize = 128 << 20;
 /// Work completions per `ibv_poll_cq` call.
 pub const POLL_BATCH: usize = 16;
 
-/// Receives posted per call at most (the safe path builds chains of up to
-/// eight without allocating).
+/// Receives posted per call at most.
 pub const RECV_CHAIN: usize = 8;
 
 /// What one size's run uses: sizes, depths and the operation.
