@@ -200,6 +200,7 @@ pub(crate) fn check_ptr<T>(verb: &'static str, ptr: *mut T) -> Result<NonNull<T>
 /// errno itself (`ibv_modify_qp`, `ibv_dealloc_pd`, ...); a negative value is
 /// either `-1` with `errno` set (`ibv_query_gid`, ...) or `-errno`
 /// (`ibv_poll_cq`, ...).
+#[inline]
 pub(crate) fn check_rc(verb: &'static str, rc: c_int) -> Result<c_int> {
     match rc {
         0 => Ok(0),

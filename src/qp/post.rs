@@ -868,7 +868,7 @@ impl QueuePair {
             error,
             |wr| checks.check(wr),
             raw_send,
-            |mut wr| (wr.wr_id, (wr.sges.take(), wr.ud.take().map(|u| u.0))),
+            |wr| (wr.wr_id, (wr.sges.take(), wr.ud.take().map(|u| u.0))),
             |loan: SendLoan, out| unlend_chunks(loan.0, out),
             |n, room, held| {
                 Error::invalid(
@@ -1200,7 +1200,7 @@ pub(crate) fn post_recv_chain(
         error,
         |wr| check_recv(wr, max_sge, pd, verb),
         raw_recv,
-        |mut wr| (wr.wr_id, wr.sges.take()),
+        |wr| (wr.wr_id, wr.sges.take()),
         unlend_chunks,
         no_room,
         call,
@@ -1230,7 +1230,7 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
     mut error: Option<Error>,
     check: impl Fn(&W) -> Result<()>,
     raw: impl Fn(&W, &mut Vec<sys::ibv_sge>) -> R,
-    lend: impl Fn(W) -> (u64, L),
+    lend: impl Fn(&mut W) -> (u64, L),
     unlend: impl Fn(L, &mut Vec<Chunk>),
     no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut R, &mut *mut R) -> c_int,
@@ -1252,7 +1252,8 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
             continue;
         }
         let mut r = raw(&wr, sges);
-        let (wr_id, loan) = lend(wr);
+        // Takes what the request lends, in place (the rest is dropped).
+        let (wr_id, loan) = lend(&mut wr);
         match ledger.insert(wr_id, loan) {
             Ok(tag) => {
                 r.set_wr_id(tag);
