@@ -11,7 +11,6 @@ use crate::opts::Test;
 use crate::path::{DataPath, Op, Plan, Progress, POLL_BATCH};
 use crate::pingpong::{OrFail, Res};
 use crate::setup::Conn;
-use crate::wait;
 
 /// Receives' `wr_id`s have this bit; sends' are their sequence numbers.
 const RECV: u64 = 1 << 63;
@@ -280,22 +279,7 @@ impl DataPath for SafePath {
     }
 
     fn wait_event(&mut self) -> Res<()> {
-        let ch = self
-            .conn
-            .channel
-            .as_ref()
-            .ok_or("internal: no completion channel")?;
-        wait::arm(wait::stall_limit(), "a CQ event");
-        let ev = ch.get_event();
-        wait::disarm();
-        let ev = ev.or_fail("Failed to get cq_event")?;
-        if !ev.is_for(&self.conn.cq) {
-            return Err("CQ event for an unknown CQ".into());
-        }
-        self.conn
-            .cq
-            .req_notify(false)
-            .or_fail("Couldn't request CQ notification")
+        self.conn.wait_event()
     }
 
     fn stamp(&mut self, v: u8) -> Res<()> {

@@ -46,6 +46,26 @@ pub struct Conn {
     pub rd_atomic: u8,
 }
 
+impl Conn {
+    /// Blocks until the CQ has a completion event (`-e`), then re-arms it.
+    pub fn wait_event(&self) -> Res<()> {
+        let ch = self
+            .channel
+            .as_ref()
+            .ok_or("internal: no completion channel")?;
+        wait::arm(wait::stall_limit(), "a CQ event");
+        let ev = ch.get_event();
+        wait::disarm();
+        let ev = ev.or_fail("Failed to get cq_event")?;
+        if !ev.is_for(&self.cq) {
+            return Err("CQ event for an unknown CQ".into());
+        }
+        self.cq
+            .req_notify(false)
+            .or_fail("Couldn't request CQ notification")
+    }
+}
+
 /// The TCP control connection.
 pub struct Ctrl {
     reader: BufReader<TcpStream>,

@@ -999,6 +999,14 @@ impl QueuePair {
     /// too, whose opcode the device leaves undefined. Allocates nothing.
     #[inline]
     pub fn reclaim(&mut self, wc: &WorkCompletion, mut f: impl FnMut(Completed)) -> usize {
+        self.route(wc, |wr_id, own, chunks| f(completed(wr_id, own, chunks)))
+    }
+
+    /// The one routing of a completion: by the tag's kind to this QP's
+    /// send or receive ledger or to its SRQ, `on(wr_id, own, chunks)` for
+    /// each request it ends, oldest first.
+    #[inline]
+    fn route(&mut self, wc: &WorkCompletion, mut on: impl FnMut(u64, bool, Chunks)) -> usize {
         if wc.qp_num() != self.qp_num() {
             return 0;
         }
@@ -1007,12 +1015,14 @@ impl QueuePair {
             Some(Kind::Send) => self
                 .pending_mut()
                 .send
-                .complete(tag, |r| f(completed(r.wr_id, r.own, r.payload.0))),
+                .complete(tag, |r| on(r.wr_id, r.own, r.payload.0)),
             Some(Kind::Recv) => self
                 .pending_mut()
                 .recv
-                .complete(tag, |r| f(completed(r.wr_id, r.own, r.payload))),
-            Some(Kind::Srq) => self.srq().map_or(0, |srq| srq.reclaim_tag(tag, f)),
+                .complete(tag, |r| on(r.wr_id, r.own, r.payload)),
+            Some(Kind::Srq) => self.srq().map_or(0, |srq| {
+                srq.reclaim_tag(tag, |c| on(c.wr_id, c.signaled, c.chunks))
+            }),
             None => 0,
         }
     }
@@ -1043,24 +1053,7 @@ impl QueuePair {
         wc: &WorkCompletion,
         chunks: &mut E,
     ) -> usize {
-        if wc.qp_num() != self.qp_num() {
-            return 0;
-        }
-        let tag = wc.wr_id();
-        match Kind::of(tag) {
-            Some(Kind::Send) => self
-                .pending_mut()
-                .send
-                .complete(tag, |r| chunks.extend(owned(r.payload.0))),
-            Some(Kind::Recv) => self
-                .pending_mut()
-                .recv
-                .complete(tag, |r| chunks.extend(owned(r.payload))),
-            Some(Kind::Srq) => self
-                .srq()
-                .map_or(0, |srq| srq.reclaim_tag(tag, |c| chunks.extend(c.chunks()))),
-            None => 0,
-        }
+        self.route(wc, |_, _, lent| chunks.extend(owned(lent)))
     }
 
     /// Moves the QP to RESET (`ibv_modify_qp` with `IBV_QP_STATE` only)
