@@ -340,9 +340,23 @@ fn owned(chunks: Chunks) -> impl Iterator<Item = Chunk> {
     })
 }
 
+/// Gives `chunks`' owned chunks to `out`, in order; shared ones are let
+/// go. A request's entries fill a prefix of the array, so the first empty
+/// entry ends it.
+#[inline]
+fn give_owned<E: Extend<Chunk>>(chunks: Chunks, out: &mut E) {
+    for c in chunks {
+        match c {
+            Some(Lent::Own(c)) => out.extend(Some(c)),
+            Some(Lent::Shared(_)) => {}
+            None => break,
+        }
+    }
+}
+
 /// Hands `chunks`' owned chunks to `out`; shared ones are let go.
 pub(crate) fn unlend_chunks(chunks: Chunks, out: &mut Vec<Chunk>) {
-    out.extend(owned(chunks));
+    give_owned(chunks, out);
 }
 
 /// A send work request (`struct ibv_send_wr`) that owns its buffers.
@@ -1053,7 +1067,7 @@ impl QueuePair {
         wc: &WorkCompletion,
         chunks: &mut E,
     ) -> usize {
-        self.route(wc, |_, _, lent| chunks.extend(owned(lent)))
+        self.route(wc, |_, _, lent| give_owned(lent, chunks))
     }
 
     /// Moves the QP to RESET (`ibv_modify_qp` with `IBV_QP_STATE` only)
