@@ -14,7 +14,7 @@ use std::ptr;
 use rdma_verbs::sys;
 use rdma_verbs::{AccessFlags, MemoryRegion, WorkCompletion};
 
-use crate::path::{DataPath, Op, Plan, Progress, POLL_BATCH, RECV_CHAIN};
+use crate::path::{poll_cq, DataPath, Op, Plan, Progress, POLL_BATCH, RECV_CHAIN};
 use crate::pingpong::{OrFail, Res};
 use crate::safe::wc_error;
 use crate::setup::Conn;
@@ -334,14 +334,10 @@ impl DataPath for RawPath {
     }
 
     fn poll(&mut self, p: &mut Progress) -> Res<usize> {
-        p.polls += 1;
-        let wcs = self.conn.cq.poll(&mut self.wcs).or_fail("poll CQ failed")?;
-        if wcs.is_empty() {
-            p.empty_polls += 1;
-            return Ok(0);
+        let n = poll_cq(&self.conn.cq, &mut self.wcs, p)?;
+        if n > 0 {
+            self.completions(n, p)?;
         }
-        let n = wcs.len();
-        self.completions(n, p)?;
         Ok(n)
     }
 

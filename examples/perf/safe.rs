@@ -8,7 +8,7 @@ use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
 use rdma_verbs::{AccessFlags, Chunk, SharedChunk, WcOpcode, WorkCompletion};
 
 use crate::opts::Test;
-use crate::path::{DataPath, Op, Plan, Progress, POLL_BATCH};
+use crate::path::{poll_cq, DataPath, Op, Plan, Progress, POLL_BATCH};
 use crate::pingpong::{OrFail, Res};
 use crate::setup::Conn;
 
@@ -267,14 +267,10 @@ impl DataPath for SafePath {
     }
 
     fn poll(&mut self, p: &mut Progress) -> Res<usize> {
-        p.polls += 1;
-        let wcs = self.conn.cq.poll(&mut self.wcs).or_fail("poll CQ failed")?;
-        if wcs.is_empty() {
-            p.empty_polls += 1;
-            return Ok(0);
+        let n = poll_cq(&self.conn.cq, &mut self.wcs, p)?;
+        if n > 0 {
+            self.completions(n, p)?;
         }
-        let n = wcs.len();
-        self.completions(n, p)?;
         Ok(n)
     }
 

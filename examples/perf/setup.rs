@@ -16,12 +16,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr};
 use rdma_verbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, DeviceList, LinkLayer, MemoryRegion,
+    AccessFlags, CompletionChannel, CompletionQueue, Context, LinkLayer, MemoryRegion,
     ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
 };
 
 use crate::opts::{Opts, Verb};
-use crate::pingpong::{OrFail, Res};
+use crate::pingpong::{open_device, OrFail, Res};
 use crate::wait;
 
 /// An open device with its QPs connected.
@@ -181,19 +181,6 @@ pub fn dial(host: &str, port: u16) -> Res<Ctrl> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn open_device(name: Option<&str>) -> Res<Context> {
-    let list = DeviceList::new().or_fail("Failed to get IB devices list")?;
-    let dev = match name {
-        None => list.get(0).ok_or("No IB devices found")?,
-        Some(n) => list
-            .iter()
-            .find(|d| d.name() == n)
-            .ok_or_else(|| format!("IB device {n} not found"))?,
-    };
-    dev.open()
-        .or_fail(&format!("Couldn't get context for {}", dev.name()))
 }
 
 fn random_psn() -> Psn {

@@ -354,11 +354,6 @@ fn give_owned<E: Extend<Chunk>>(chunks: Chunks, out: &mut E) {
     }
 }
 
-/// Hands `chunks`' owned chunks to `out`; shared ones are let go.
-pub(crate) fn unlend_chunks(chunks: Chunks, out: &mut Vec<Chunk>) {
-    give_owned(chunks, out);
-}
-
 /// A send work request (`struct ibv_send_wr`) that owns its buffers.
 ///
 /// Signalled by default (`IBV_SEND_SIGNALED`): every request produces a
@@ -883,7 +878,7 @@ impl QueuePair {
             |wr| checks.check(wr),
             raw_send,
             |wr| (wr.wr_id, (wr.sges.take(), wr.ud.take().map(|u| u.0))),
-            |loan: SendLoan, out| unlend_chunks(loan.0, out),
+            |loan: SendLoan, out| give_owned(loan.0, out),
             |n, room, held| {
                 Error::invalid(
                     VERB,
@@ -1208,7 +1203,7 @@ pub(crate) fn post_recv_chain(
         |wr| check_recv(wr, max_sge, pd, verb),
         raw_recv,
         |wr| (wr.wr_id, wr.sges.take()),
-        unlend_chunks,
+        give_owned,
         no_room,
         call,
     )

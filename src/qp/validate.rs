@@ -262,19 +262,12 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
     }
     match check_transition(qp.qp_type, from, attr) {
         Ok(_) => {
-            let value_err = |attr: M, reason: String| ModifyError::Value {
-                qp_type: qp.qp_type,
-                from,
-                to,
-                attr,
-                reason,
-            };
             // First against the context's cache (no call when it is warm);
             // a refusal is never made on cached data: the checks run again
             // against freshly read port attributes and GID entries, and
             // only that verdict counts.
-            if let Err(e) = check_values(qp, attr, from, to, &value_err, Read::Cached)
-                .or_else(|_| check_values(qp, attr, from, to, &value_err, Read::Fresh))
+            if let Err(e) = check_values(qp, attr, from, to, Read::Cached)
+                .or_else(|_| check_values(qp, attr, from, to, Read::Fresh))
             {
                 reasons.push(e);
             }
@@ -295,14 +288,7 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
 pub(crate) fn revalidate_fresh(qp: &QpView<'_>, attr: &QpAttr) -> Option<ModifyError> {
     let from = qp.state;
     let to = attr.get_state().unwrap_or(from);
-    let value_err = |attr: M, reason: String| ModifyError::Value {
-        qp_type: qp.qp_type,
-        from,
-        to,
-        attr,
-        reason,
-    };
-    check_values(qp, attr, from, to, &value_err, Read::Fresh).err()
+    check_values(qp, attr, from, to, Read::Fresh).err()
 }
 
 /// Checks a modify of a `qp_type` QP in state `from` against the kernel's
@@ -462,9 +448,15 @@ fn check_values(
     attr: &QpAttr,
     from: QpState,
     to: QpState,
-    value_err: &dyn Fn(M, String) -> ModifyError,
     read: Read,
 ) -> Result<(), ModifyError> {
+    let value_err = |attr: M, reason: String| ModifyError::Value {
+        qp_type: qp.qp_type,
+        from,
+        to,
+        attr,
+        reason,
+    };
     let ctx = qp.ctx;
     let dev = ctx.attr();
     let mask = attr.mask();
