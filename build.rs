@@ -2,6 +2,11 @@
 //! (`rdma_verbs::sys`) with bindgen from `wrapper.h`, and compiles C wrappers
 //! for the `static inline` functions of `infiniband/verbs.h` with `cc`.
 //!
+//! With the `cm` feature (on by default) it also binds librdmacm's
+//! `rdma/rdma_cma.h` and links `librdmacm`, found the same ways (the
+//! `RDMA_CORE_DIR` prefix, `RDMACM_LIB_DIR` next to `IBVERBS_LIB_DIR`, or
+//! `pkg-config librdmacm`).
+//!
 //! Where libibverbs comes from:
 //! * `RDMA_CORE_DIR=<prefix>`: a custom rdma-core install or build tree
 //!   (headers in `<prefix>/include`, library in `<prefix>/lib64`, `<prefix>/lib`
@@ -16,11 +21,13 @@ use std::process::exit;
 /// What to install, printed whenever a prerequisite is missing.
 const INSTALL_HINT: &str = "\
 Install the libibverbs development files and libclang, then build again:
-    Debian/Ubuntu:  sudo apt-get install libibverbs-dev pkg-config clang libclang-dev
+    Debian/Ubuntu:  sudo apt-get install libibverbs-dev librdmacm-dev pkg-config clang libclang-dev
     Fedora/RHEL:    sudo dnf install rdma-core-devel pkgconf-pkg-config clang-devel
     openSUSE:       sudo zypper install rdma-core-devel pkg-config clang-devel
+(librdmacm-dev is needed for the default `cm` feature; build with
+`--no-default-features` to go without the connection manager.)
 A custom rdma-core can be named with RDMA_CORE_DIR=<install prefix or build dir>,
-or with IBVERBS_INCLUDE_DIR and IBVERBS_LIB_DIR.";
+or with IBVERBS_INCLUDE_DIR and IBVERBS_LIB_DIR (and RDMACM_LIB_DIR).";
 
 /// Stops the build with `what` and the install hint, instead of a backtrace.
 fn fail(what: &str) -> ! {
@@ -31,6 +38,9 @@ fn fail(what: &str) -> ! {
 /// Where to find the headers and the library.
 struct Ibverbs {
     include_dirs: Vec<PathBuf>,
+    /// The library directory named by `RDMA_CORE_DIR`/`IBVERBS_LIB_DIR`
+    /// (None when pkg-config found it).
+    lib_dir: Option<PathBuf>,
 }
 
 fn env_path(name: &str) -> Option<PathBuf> {
@@ -65,6 +75,7 @@ fn find_ibverbs() -> Ibverbs {
         link_from(&lib);
         return Ibverbs {
             include_dirs: vec![include],
+            lib_dir: Some(lib),
         };
     }
     let include = env_path("IBVERBS_INCLUDE_DIR");
@@ -74,6 +85,7 @@ fn find_ibverbs() -> Ibverbs {
             link_from(&lib);
             return Ibverbs {
                 include_dirs: vec![include],
+                lib_dir: Some(lib),
             };
         }
         (None, None) => {}
@@ -85,8 +97,39 @@ fn find_ibverbs() -> Ibverbs {
     {
         Ok(lib) => Ibverbs {
             include_dirs: lib.include_paths,
+            lib_dir: None,
         },
         Err(e) => fail(&format!("pkg-config did not find libibverbs ({e})")),
+    }
+}
+
+/// Finds librdmacm (the `cm` feature): beside libibverbs when that was named
+/// by hand, else by pkg-config. Returns extra include directories.
+fn find_rdmacm(ibverbs: &Ibverbs) -> Vec<PathBuf> {
+    let named = env_path("RDMACM_LIB_DIR").or_else(|| ibverbs.lib_dir.clone());
+    if let Some(dir) = named {
+        if !dir.join("librdmacm.so").exists() {
+            fail(&format!(
+                "{} has no librdmacm.so (the `cm` feature needs librdmacm; set RDMACM_LIB_DIR)",
+                dir.display()
+            ));
+        }
+        println!("cargo:rustc-link-search=native={}", dir.display());
+        return Vec::new();
+    }
+    match pkg_config::Config::new()
+        .cargo_metadata(false)
+        .probe("librdmacm")
+    {
+        Ok(lib) => {
+            for dir in &lib.link_paths {
+                println!("cargo:rustc-link-search=native={}", dir.display());
+            }
+            lib.include_paths
+        }
+        Err(e) => fail(&format!(
+            "pkg-config did not find librdmacm ({e}), which the default `cm` feature needs"
+        )),
     }
 }
 
@@ -95,6 +138,11 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
 
     let ibverbs = find_ibverbs();
+    let cm = env::var_os("CARGO_FEATURE_CM").is_some();
+    let mut include_dirs = ibverbs.include_dirs.clone();
+    if cm {
+        include_dirs.extend(find_rdmacm(&ibverbs));
+    }
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
     let wrapper = manifest_dir.join("wrapper.h");
@@ -108,19 +156,15 @@ fn main() {
         fail("infiniband/verbs.h was not found");
     }
     // Dependents (`links = "ibverbs"`) can read this as DEP_IBVERBS_INCLUDE.
-    if let Some(dir) = ibverbs.include_dirs.first() {
+    if let Some(dir) = include_dirs.first() {
         println!("cargo:include={}", dir.display());
     }
 
     let static_fns = out_dir.join("verbs_static_fns");
     let mut builder = bindgen::Builder::default()
         .header(wrapper.to_string_lossy())
-        .clang_args(
-            ibverbs
-                .include_dirs
-                .iter()
-                .map(|d| format!("-I{}", d.display())),
-        )
+        .clang_args(include_dirs.iter().map(|d| format!("-I{}", d.display())))
+        .clang_args(cm.then_some("-DRDMA_VERBS_CM"))
         .allowlist_function("_*ibv_.*")
         .allowlist_type("ibv_.*")
         .allowlist_var("IBV_.*")
@@ -140,6 +184,15 @@ fn main() {
         .wrap_static_fns_path(&static_fns)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
     // Flag enums become bitfield newtypes with `|`/`&` (`ibv_access_flags::IBV_ACCESS_LOCAL_WRITE`).
+    if cm {
+        // librdmacm: functions, types and constants (`rdma_cm_event_type::
+        // RDMA_CM_EVENT_ESTABLISHED`, `RDMA_UDP_QKEY`, ...).
+        builder = builder
+            .allowlist_function("rdma_.*")
+            .allowlist_type("rdma_.*")
+            .allowlist_var("RDMA_.*")
+            .constified_enum("RDMA_.*");
+    }
     for flags in [
         r"ibv_.*_flags2?",
         r"ibv_.*_mask",
@@ -179,12 +232,18 @@ fn main() {
 
     // The C wrappers bindgen wrote for the `static inline` functions.
     let mut cc = cc::Build::new();
+    if cm {
+        cc.define("RDMA_VERBS_CM", None);
+    }
     cc.file(static_fns.with_extension("c"))
         .include(&manifest_dir)
-        .includes(&ibverbs.include_dirs)
+        .includes(&include_dirs)
         .warnings(false);
     cc.try_compile("rdma_verbs_static_fns")
         .unwrap_or_else(|e| fail(&format!("compiling the static-inline wrappers failed: {e}")));
-    // The wrappers call into libibverbs, so it must come after them on the link line.
+    // The wrappers call into the libraries, so they come after them on the link line.
+    if cm {
+        println!("cargo:rustc-link-lib=rdmacm");
+    }
     println!("cargo:rustc-link-lib=ibverbs");
 }

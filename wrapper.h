@@ -5,6 +5,11 @@
  */
 #include <infiniband/verbs.h>
 
+/* librdmacm, with the `cm` feature (on by default): build.rs defines this. */
+#ifdef RDMA_VERBS_CM
+#include <rdma/rdma_cma.h>
+#endif
+
 /*
  * verbs_api.h defines a few IBV_ constants as other enums' constants
  * (`#define IBV_QPF_GRH_REQUIRED IB_UVERBS_QPF_GRH_REQUIRED`), which bindgen

@@ -25,12 +25,25 @@ impl RawObject for sys::ibv_context {
 
 /// What a context keeps alive and caches.
 pub(crate) struct ContextData {
-    /// The device list the context's `ibv_device` lives in.
-    _list: Arc<ListInner>,
+    /// What keeps the context's `ibv_device` alive: the device list it lives
+    /// in, or for a context librdmacm opened, librdmacm's hold on it.
+    _hold: Box<dyn std::any::Any + Send + Sync>,
     name: String,
     attr: DeviceAttr,
     /// What the validator reads of each port, without a call.
     ports: PortCache,
+}
+
+impl ContextData {
+    fn new(hold: Box<dyn std::any::Any + Send + Sync>, name: String, attr: DeviceAttr) -> Self {
+        let ports = PortCache::new(u8::try_from(attr.phys_port_cnt).unwrap_or(u8::MAX));
+        ContextData {
+            _hold: hold,
+            name,
+            attr,
+            ports,
+        }
+    }
 }
 
 pub(crate) type ContextInner = Owned<sys::ibv_context, ContextData>;
@@ -123,16 +136,35 @@ impl Context {
                 return Err(e);
             }
         };
-        let ports = PortCache::new(u8::try_from(attr.phys_port_cnt).unwrap_or(u8::MAX));
-        let data = ContextData {
-            _list: list,
-            name,
-            attr,
-            ports,
-        };
+        let data = ContextData::new(Box::new(list), name, attr);
         // SAFETY: `raw` is a fresh context owned by nobody else; `data` keeps
         // its device list alive.
         let inner = unsafe { Owned::new(raw, data) };
+        Ok(Context {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Wraps a context that librdmacm opened (`rdma_cm_id::verbs`); `hold`
+    /// keeps it open in librdmacm and is dropped in place of closing it.
+    ///
+    /// # Safety
+    /// `raw` is a live context that stays open while `hold` lives.
+    #[cfg(feature = "cm")]
+    pub(crate) unsafe fn from_borrowed(
+        raw: NonNull<sys::ibv_context>,
+        hold: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Self> {
+        // SAFETY: `raw` is live (the caller's promise); its device is a
+        // field of it, with a NUL-terminated name.
+        let name =
+            unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name((*raw.as_ptr()).device)) }
+                .to_string_lossy()
+                .into_owned();
+        let attr = query_device_raw(raw.as_ptr())?;
+        let data = ContextData::new(hold, name, attr);
+        // SAFETY: `raw` stays open while `data` (which owns `hold`) lives.
+        let inner = unsafe { Owned::borrowed(raw, data) };
         Ok(Context {
             inner: Arc::new(inner),
         })

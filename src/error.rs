@@ -105,6 +105,19 @@ pub enum Error {
         /// How many other objects still hold it.
         users: usize,
     },
+    /// A connection manager event other than the one awaited came (or the
+    /// awaited one with a non-zero status), e.g. `RDMA_CM_EVENT_ADDR_ERROR`
+    /// with `-ETIMEDOUT` in place of `RDMA_CM_EVENT_ADDR_RESOLVED`.
+    #[error("waited for {awaited}, got {got}{}", cm_status(.got, *.status))]
+    CmEvent {
+        /// The event awaited (`rdma_event_str` name).
+        awaited: &'static str,
+        /// The event that came.
+        got: &'static str,
+        /// Its status: a negative errno, or a reject reason for
+        /// `RDMA_CM_EVENT_REJECTED`.
+        status: i32,
+    },
     /// libibverbs returned a value this crate does not know how to decode.
     #[error("{verb} returned an unexpected {field} value {value}")]
     Unexpected {
@@ -115,6 +128,15 @@ pub enum Error {
         /// The raw value.
         value: i64,
     },
+}
+
+fn cm_status(got: &str, status: i32) -> String {
+    match status {
+        0 => String::new(),
+        s if got == "RDMA_CM_EVENT_REJECTED" => format!(" (reject reason {s})"),
+        s if s < 0 => format!(" ({})", io::Error::from_raw_os_error(-s)),
+        s => format!(" (status {s})"),
+    }
 }
 
 fn errno_suffix(errno: Option<i32>) -> String {
@@ -130,6 +152,11 @@ impl Error {
         match self {
             Error::Verb { errno, .. } => Some(*errno),
             Error::Unsupported { errno, .. } => *errno,
+            Error::CmEvent { status, got, .. }
+                if *status < 0 && *got != "RDMA_CM_EVENT_REJECTED" =>
+            {
+                Some(-*status)
+            }
             _ => None,
         }
     }
@@ -164,6 +191,11 @@ impl From<Error> for io::Error {
             | Error::QpState { .. } => io::ErrorKind::InvalidInput,
             Error::TagsExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
+            Error::CmEvent { got, status, .. } => match (*got, *status) {
+                ("RDMA_CM_EVENT_REJECTED", _) => io::ErrorKind::ConnectionRefused,
+                (_, s) if s < 0 => io::Error::from_raw_os_error(-s).kind(),
+                _ => io::ErrorKind::Other,
+            },
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
             Error::InUse { .. } => io::ErrorKind::ResourceBusy,

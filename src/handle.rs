@@ -28,6 +28,9 @@ pub(crate) trait RawObject {
 pub(crate) struct Owned<T: RawObject, K> {
     ptr: NonNull<T>,
     keep: ManuallyDrop<K>,
+    /// False for an object another library owns and destroys (a context
+    /// librdmacm opened): then "destroying" it only lets `keep` go.
+    owns: bool,
 }
 
 impl<T: RawObject, K> Owned<T, K> {
@@ -40,7 +43,32 @@ impl<T: RawObject, K> Owned<T, K> {
         Owned {
             ptr,
             keep: ManuallyDrop::new(keep),
+            owns: true,
         }
+    }
+
+    /// Wraps an object that another library owns and destroys; `keep` is
+    /// what holds it alive there (and is dropped in place of destroying it).
+    ///
+    /// # Safety
+    /// `ptr` is a live object that stays alive while `keep` lives.
+    #[cfg(feature = "cm")]
+    pub(crate) unsafe fn borrowed(ptr: NonNull<T>, keep: K) -> Self {
+        Owned {
+            ptr,
+            keep: ManuallyDrop::new(keep),
+            owns: false,
+        }
+    }
+
+    /// Destroys the raw object if this handle owns it.
+    fn destroy_raw(&self) -> c_int {
+        if !self.owns {
+            return 0;
+        }
+        // SAFETY: `ptr` is live and owned by `self` (see `new`); the callers
+        // (`destroy`, `into_keep`) run at most once per handle.
+        unsafe { T::destroy(self.ptr.as_ptr()) }
     }
 
     /// The raw pointer, valid while `self` lives.
@@ -61,9 +89,8 @@ impl<T: RawObject, K> Owned<T, K> {
     /// Destroys the object. On failure the object still exists on the device,
     /// so what it depends on is leaked rather than freed under it.
     fn destroy(&mut self) -> Result<()> {
-        // SAFETY: `ptr` is live and owned by `self` (see `new`), and this is
-        // called exactly once: from `close` (which then skips `Drop`) or from `Drop`.
-        let rc = unsafe { T::destroy(self.ptr.as_ptr()) };
+        // Called exactly once: from `close` (which then skips `Drop`) or from `Drop`.
+        let rc = self.destroy_raw();
         let result = check_rc(T::DESTROY, rc).map(|_| ());
         if result.is_ok() {
             // SAFETY: `keep` is taken once, here, and never used again.
@@ -76,9 +103,8 @@ impl<T: RawObject, K> Owned<T, K> {
     /// failure that is leaked with the object, as in [`close`](Self::close).
     pub(crate) fn into_keep(self) -> Result<K> {
         let mut this = ManuallyDrop::new(self);
-        // SAFETY: `ptr` is live and owned by `this`; `Drop` will not run
-        // (ManuallyDrop), so it is destroyed exactly once, here.
-        let rc = unsafe { T::destroy(this.ptr.as_ptr()) };
+        // `Drop` will not run (ManuallyDrop), so it is destroyed exactly once, here.
+        let rc = this.destroy_raw();
         check_rc(T::DESTROY, rc)?;
         // SAFETY: the object is gone; `keep` is taken once and `this` is
         // never used again (and never dropped).

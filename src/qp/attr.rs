@@ -56,6 +56,16 @@ impl QpAttr {
         &self.raw
     }
 
+    /// A set read back from C (`rdma_init_qp_attr`): every bit the mask
+    /// holds is kept, known or not, so that the validator sees all of them.
+    #[cfg(feature = "cm")]
+    pub(crate) fn from_raw(raw: sys::ibv_qp_attr, mask: std::ffi::c_int) -> Self {
+        QpAttr {
+            raw,
+            mask: QpAttrMask::from_bits_retain(mask as u32),
+        }
+    }
+
     fn set(mut self, bit: QpAttrMask, f: impl FnOnce(&mut sys::ibv_qp_attr)) -> Self {
         f(&mut self.raw);
         self.mask |= bit;

@@ -189,6 +189,11 @@ impl<'a> QpInitAttr<'a> {
         self
     }
 
+    /// The transport type asked for.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
     /// Sets the queue sizes (`cap`).
     pub fn caps(mut self, caps: QpCaps) -> Self {
         self.caps = caps;
@@ -221,6 +226,11 @@ struct QpKeep {
 /// they can be dropped in any order.
 #[doc(alias = "ibv_qp")]
 pub struct QueuePair {
+    /// For a QP created on a CM id: its tie to the id. Declared before
+    /// `inner` so that it is dropped first: the id lets go of the QP
+    /// (`id->qp = NULL`) before `inner` destroys it.
+    #[cfg(feature = "cm")]
+    cm: Option<crate::cm::QpLink>,
     inner: Owned<sys::ibv_qp, QpKeep>,
     qp_type: QpType,
     caps: QpCaps,
@@ -248,12 +258,27 @@ impl QueuePair {
     /// [`Error::Unsupported`].
     #[doc(alias = "ibv_create_qp")]
     pub fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
-        const VERB: &str = "ibv_create_qp";
+        Self::create_with(pd, attr, "ibv_create_qp", |raw_attr| {
+            // SAFETY: PD and CQs are live (borrowed for the call) and belong to
+            // the same context (checked by `create_with`); `raw_attr` is a valid in/out struct.
+            let raw = unsafe { sys::ibv_create_qp(pd.as_ptr(), raw_attr) };
+            check_ptr("ibv_create_qp", raw)
+        })
+    }
+
+    /// Checks `attr`, then creates the QP with `create` (`ibv_create_qp`,
+    /// or `rdma_create_qp` on a CM id) and takes ownership of it.
+    pub(crate) fn create_with(
+        pd: &ProtectionDomain,
+        attr: &QpInitAttr<'_>,
+        verb: &'static str,
+        create: impl FnOnce(&mut sys::ibv_qp_init_attr) -> Result<std::ptr::NonNull<sys::ibv_qp>>,
+    ) -> Result<Self> {
         let ctx = pd.context();
         for (which, cq) in [("send_cq", attr.send_cq), ("recv_cq", attr.recv_cq)] {
             if !cq.context().same_as(ctx) {
                 return Err(Error::invalid(
-                    VERB,
+                    verb,
                     format!("{which} belongs to another device context than the PD"),
                 ));
             }
@@ -261,7 +286,7 @@ impl QueuePair {
         if let Some(srq) = attr.srq {
             if !srq.pd().context().same_as(ctx) {
                 return Err(Error::invalid(
-                    VERB,
+                    verb,
                     "the SRQ belongs to another device context than the PD",
                 ));
             }
@@ -276,7 +301,7 @@ impl QueuePair {
         ] {
             if value > max {
                 return Err(Error::invalid(
-                    VERB,
+                    verb,
                     format!("{name} {value} is more than the device's {limit} of {max}"),
                 ));
             }
@@ -302,7 +327,7 @@ impl QueuePair {
             }
             other => {
                 return Err(Error::invalid(
-                    VERB,
+                    verb,
                     format!(
                         "{} QPs cannot be created with ibv_create_qp",
                         other.short_name()
@@ -322,10 +347,7 @@ impl QueuePair {
             qp_type: attr.qp_type.as_raw(),
             sq_sig_all: c_int::from(attr.sq_sig_all),
         };
-        // SAFETY: PD and CQs are live (borrowed for the call) and belong to
-        // the same context (checked above); `raw_attr` is a valid in/out struct.
-        let raw = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut raw_attr) };
-        let raw = match check_ptr(VERB, raw) {
+        let raw = match create(&mut raw_attr) {
             Ok(raw) => raw,
             Err(e) if attr.qp_type == QpType::RawPacket && is_unsupported(&e) => {
                 return Err(Error::Unsupported {
@@ -347,6 +369,8 @@ impl QueuePair {
         // SAFETY: a fresh QP owned by nobody else; `keep` holds its PD and CQs.
         let inner = unsafe { Owned::new(raw, keep) };
         Ok(QueuePair {
+            #[cfg(feature = "cm")]
+            cm: None,
             inner,
             qp_type: attr.qp_type,
             // ibv_create_qp wrote back the sizes the device actually gave.
@@ -417,7 +441,7 @@ impl QueuePair {
 
     /// Destroys the QP and returns its outstanding requests' bookkeeping.
     fn into_keep(self) -> Result<post::Pending> {
-        let keep = self.inner.into_keep()?;
+        let keep = self.release_link().into_keep()?;
         Ok(*keep.pending)
     }
 
@@ -427,7 +451,21 @@ impl QueuePair {
     /// never freed under it.
     #[doc(alias = "ibv_destroy_qp")]
     pub fn close(self) -> Result<()> {
-        self.inner.close()
+        self.release_link().close()
+    }
+
+    /// Lets a CM id let go of the QP (when it has one), then hands over the
+    /// raw owner, so that destroying it cannot leave the id pointing at it.
+    fn release_link(self) -> Owned<sys::ibv_qp, QpKeep> {
+        #[cfg(feature = "cm")]
+        drop(self.cm);
+        self.inner
+    }
+
+    /// Ties the QP to a CM id (see [`crate::cm::QpLink`]).
+    #[cfg(feature = "cm")]
+    pub(crate) fn set_link(&mut self, link: crate::cm::QpLink) {
+        self.cm = Some(link);
     }
 }
 

@@ -13,24 +13,49 @@ impl QueuePair {
     /// The state the QP is known to be in: the target of the last successful
     /// modify, or what the last [`resync`](Self::resync) read. A device can
     /// move a QP to ERR or SQE on its own; `resync` catches up with it.
+    ///
+    /// For a QP created on a connection manager id
+    /// ([`CmId::create_qp`](crate::cm::CmId::create_qp)), the moves the CM
+    /// makes (at creation, on accept, when a connection is established,
+    /// rejected or disconnected) are followed too: the known state is
+    /// updated before the call or event that made the move returns.
+    #[inline]
     pub fn state(&self) -> QpState {
+        #[cfg(feature = "cm")]
+        if let Some(link) = &self.cm {
+            return link.state();
+        }
         self.state
     }
 
     /// The port the QP was bound to by a modify carrying `IBV_QP_PORT`.
     pub fn port(&self) -> Option<u8> {
+        #[cfg(feature = "cm")]
+        if let Some(link) = &self.cm {
+            return link.port();
+        }
         self.port
+    }
+
+    /// Makes `state` (and `port`, when given) the known state.
+    pub(crate) fn set_known(&mut self, state: QpState, port: Option<Option<u8>>) {
+        self.state = state;
+        if let Some(port) = port {
+            self.port = port;
+        }
+        #[cfg(feature = "cm")]
+        if let Some(link) = &self.cm {
+            link.set(state, port);
+        }
     }
 
     /// Reads the QP's state from the device and makes it the known state.
     #[doc(alias = "ibv_query_qp")]
     pub fn resync(&mut self) -> Result<QpState> {
         let (attrs, _) = self.query()?;
-        self.state = attrs.state;
-        if attrs.state != QpState::Reset && attrs.port_num != 0 {
-            self.port = Some(attrs.port_num);
-        }
-        Ok(self.state)
+        let port = (attrs.state != QpState::Reset && attrs.port_num != 0).then_some(attrs.port_num);
+        self.set_known(attrs.state, port.map(Some));
+        Ok(attrs.state)
     }
 
     /// Validates `attr`, then applies it with `ibv_modify_qp`.
@@ -131,11 +156,11 @@ impl QueuePair {
         let view = QpView {
             ctx: self.pd().context(),
             qp_type: self.qp_type,
-            state: self.state,
-            port: self.port,
+            state: self.state(),
+            port: self.port(),
         };
         let to = validate(&view, attr)?;
-        if self.state == QpState::Sqd && attr.get_state().is_some() && to != QpState::Err {
+        if self.state() == QpState::Sqd && attr.get_state().is_some() && to != QpState::Err {
             // The kernel refuses this while the send queue drains; ask the
             // device rather than let the user meet a bare EINVAL.
             if self.query()?.0.sq_draining {
@@ -154,8 +179,8 @@ impl QueuePair {
                 let view = QpView {
                     ctx: self.pd().context(),
                     qp_type: self.qp_type,
-                    state: self.state,
-                    port: self.port,
+                    state: self.state(),
+                    port: self.port(),
                 };
                 match revalidate_fresh(&view, attr) {
                     Some(reason) => Err(reason.into()),
@@ -193,12 +218,12 @@ impl QueuePair {
     #[doc(alias = "ibv_query_qp")]
     #[doc(alias = "IBV_EVENT_SQ_DRAINED")]
     pub fn wait_sq_drained(&self, timeout: Duration) -> Result<()> {
-        if self.state != QpState::Sqd {
+        if self.state() != QpState::Sqd {
             return Err(Error::invalid(
                 "ibv_query_qp",
                 format!(
                     "the QP is known to be in {}, not SQD: there is no drain to wait for",
-                    self.state.short_name()
+                    self.state().short_name()
                 ),
             ));
         }
@@ -230,19 +255,23 @@ impl QueuePair {
         let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask().to_c()) };
         check_rc("ibv_modify_qp", rc)?;
         if let Some(to) = attr.get_state() {
-            self.state = to;
+            self.set_known(to, (to == QpState::Reset).then_some(None));
             if to == QpState::Reset {
-                self.port = None;
                 // RESET discards outstanding requests without completions:
                 // the device no longer uses their buffers, which go to
                 // `take_released` for the caller.
                 self.pending_mut().release_all();
             }
         }
-        if let Some(p) = attr.get_port() {
-            self.port = Some(p);
-        } else if attr.mask().contains(QpAttrMask::AV) && self.port.is_none() {
-            self.port = attr.get_av().map(|av| av.port());
+        let port = match attr.get_port() {
+            Some(p) => Some(p),
+            None if attr.mask().contains(QpAttrMask::AV) && self.port().is_none() => {
+                attr.get_av().map(|av| av.port())
+            }
+            None => None,
+        };
+        if let Some(p) = port {
+            self.set_known(self.state(), Some(Some(p)));
         }
         Ok(())
     }

@@ -5,6 +5,8 @@
 #[macro_use]
 mod common;
 
+#[cfg(feature = "cm")]
+mod cm;
 mod context;
 mod data;
 mod modify;
@@ -20,5 +22,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(cm::TESTS);
     common::run("device", &tests)
 }

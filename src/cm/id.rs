@@ -1,0 +1,725 @@
+//! CM ids (`struct rdma_cm_id`).
+
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::net::SocketAddr;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use super::addr::{read_sockaddr, PortSpace, RawAddr};
+use super::channel::ChannelInner;
+use super::link::{LinkShared, QpLink};
+use super::param::{describe, max_private_data, ConnParam, PrivateDataOp};
+use crate::context::Context;
+use crate::error::{check_rc, Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::qp::{QpAttr, QpInitAttr, QpState, QueuePair};
+use crate::sys;
+
+use sys::rdma_cm_mc_join_flags as jf;
+c_enum! {
+    /// How to join a multicast group (`enum rdma_cm_mc_join_flags`: one
+    /// value, not a set).
+    #[doc(alias = "rdma_cm_mc_join_flags")]
+    pub enum McJoin(jf): u32 {
+        /// Send and receive (what `rdma_join_multicast` does).
+        FullMember = RDMA_MC_JOIN_FLAG_FULLMEMBER,
+        /// Send only: the QP is not attached to the group.
+        SendOnlyFullMember = RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
+    }
+}
+
+/// Numbers ids and multicast joins, for [`CmId::key`] and join contexts.
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+static NEXT_GROUP: AtomicUsize = AtomicUsize::new(1);
+
+/// A joined multicast group.
+struct Group {
+    addr: SocketAddr,
+    /// The join's context, which its events carry.
+    token: usize,
+    /// Its events not yet acknowledged: `rdma_leave_multicast` waits for them.
+    held: usize,
+}
+
+/// The id itself, shared by its [`CmId`] and its unacknowledged events.
+pub(crate) struct IdInner {
+    raw: NonNull<sys::rdma_cm_id>,
+    chan: Arc<ChannelInner>,
+    /// `Weak::into_raw` of this very struct, kept in `raw->context`: an
+    /// event finds its id through it. Let go after the id is destroyed.
+    weak: *const IdInner,
+    key: u64,
+    ps: PortSpace,
+    /// The QP made on the id, while it lives.
+    link: Mutex<Option<Arc<LinkShared>>>,
+    groups: Mutex<Vec<Group>>,
+    ctx: OnceLock<Context>,
+    /// Set once `destroy` has run (successfully or not).
+    destroyed: bool,
+}
+
+// SAFETY: librdmacm's calls on the id run under the channel's lock (see
+// `CmId::call`), except `rdma_destroy_id` and `rdma_leave_multicast`, which
+// take librdmacm's own per-id mutex and run only in `Drop` (no other handle
+// left) or with the group checked free; `weak` is only turned back into a
+// `Weak` under that lock or in `Drop`. The rest is Mutex/OnceLock.
+unsafe impl Send for IdInner {}
+// SAFETY: as above.
+unsafe impl Sync for IdInner {}
+
+impl IdInner {
+    /// Takes ownership of `raw`, a live id on `chan` nobody else owns, and
+    /// points its context at the new struct.
+    ///
+    /// # Safety
+    /// As said; if another thread may read events of the channel, the
+    /// channel's lock is held.
+    unsafe fn wrap(
+        chan: &Arc<ChannelInner>,
+        raw: NonNull<sys::rdma_cm_id>,
+        ps: PortSpace,
+    ) -> Arc<Self> {
+        let inner = Arc::new_cyclic(|weak: &Weak<IdInner>| IdInner {
+            raw,
+            chan: chan.clone(),
+            weak: weak.clone().into_raw(),
+            key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+            ps,
+            link: Mutex::new(None),
+            groups: Mutex::new(Vec::new()),
+            ctx: OnceLock::new(),
+            destroyed: false,
+        });
+        // SAFETY: `raw` is live and ours; the caller holds the lock if needed.
+        unsafe { (*raw.as_ptr()).context = inner.weak as *mut c_void };
+        inner
+    }
+
+    /// The id whose `context` librdmacm handed back, unless it is being
+    /// destroyed.
+    ///
+    /// # Safety
+    /// `raw` is a live id of this crate's (its context is an `IdInner`'s
+    /// `weak`), and the channel's lock is held, or an unacknowledged event
+    /// of `raw` keeps its destruction waiting.
+    pub(crate) unsafe fn from_raw_id(raw: *mut sys::rdma_cm_id) -> Option<Arc<IdInner>> {
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: per the caller, `raw` is live.
+        let ctx = unsafe { (*raw).context } as *const IdInner;
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: `ctx` is a `Weak::into_raw` whose count the id holds until
+        // after `rdma_destroy_id`, which waits for the caller's event; the
+        // `ManuallyDrop` leaves that count alone.
+        let weak = ManuallyDrop::new(unsafe { Weak::from_raw(ctx) });
+        weak.upgrade()
+    }
+
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
+    pub(crate) fn ps(&self) -> PortSpace {
+        self.ps
+    }
+
+    /// Reads the state of the id's QP into its known state. Call with the
+    /// channel's lock held.
+    pub(crate) fn refresh_qp_locked(&self) {
+        if let Some(link) = self.link.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            link.refresh();
+        }
+    }
+
+    /// Counts a multicast event of the join `token`; false if no such join.
+    pub(crate) fn hold_group(&self, token: usize) -> bool {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        match groups.iter_mut().find(|g| g.token == token) {
+            Some(g) => {
+                g.held += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn release_group(&self, token: usize) {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = groups.iter_mut().find(|g| g.token == token) {
+            g.held = g.held.saturating_sub(1);
+        }
+    }
+
+    /// Destroys the id: the QP is let go, groups are left, then
+    /// `rdma_destroy_id`. Runs once, from `close` or `Drop`; after a
+    /// failure the id is left alone (leaked with what it holds).
+    fn destroy(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.destroyed, true) {
+            return Ok(());
+        }
+        {
+            let _guard = self.chan.lock();
+            if let Some(link) = self
+                .link
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                link.detach_locked();
+            }
+        }
+        let groups = std::mem::take(self.groups.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for g in groups {
+            let mut addr = RawAddr::new(g.addr);
+            // SAFETY: the id is live; no event of the group is held (every
+            // event holds the id, and this is its last handle), so the wait
+            // inside for acknowledgements ends.
+            unsafe { sys::rdma_leave_multicast(self.raw.as_ptr(), addr.as_ptr()) };
+        }
+        // SAFETY: the id is live and destroyed once, here. No event of it is
+        // held (each holds the id), so the wait for acknowledgements inside
+        // only covers events another thread is handing back right now.
+        let rc = unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
+        check_rc("rdma_destroy_id", rc)?;
+        // SAFETY: the id is gone, so no event can look up `weak` any more;
+        // its count is released once, here.
+        drop(unsafe { Weak::from_raw(self.weak) });
+        Ok(())
+    }
+}
+
+impl Drop for IdInner {
+    fn drop(&mut self) {
+        // On failure the id lives on in librdmacm with its context pointer,
+        // so the weak count stays (leaked) with it. Nothing panics.
+        let _ = self.destroy();
+    }
+}
+
+/// A connection manager id (`struct rdma_cm_id`): the RDMA counterpart of
+/// a socket, which resolves addresses, listens, connects and accepts.
+///
+/// Its events arrive on the [`EventChannel`](super::EventChannel) it was
+/// made from. Dropping it destroys it (`rdma_destroy_id`) once its last
+/// unacknowledged event is dropped too; [`close`](Self::close) reports a
+/// failure. A QP made on it with [`create_qp`](Self::create_qp) is a
+/// separate object: either can be dropped first.
+///
+/// Calls that send something return as soon as it is sent; their outcome
+/// is an event (`resolve_addr` -> [`AddrResolved`](super::CmEventKind::AddrResolved)
+/// or [`AddrError`](super::CmEventKind::AddrError), ...).
+#[doc(alias = "rdma_cm_id")]
+pub struct CmId {
+    inner: Arc<IdInner>,
+}
+
+impl CmId {
+    pub(crate) fn new(chan: &Arc<ChannelInner>, ps: PortSpace) -> Result<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the channel is live; `raw` is a valid out-parameter.
+        let rc = unsafe {
+            sys::rdma_create_id(chan.as_ptr(), &mut raw, std::ptr::null_mut(), ps.as_raw())
+        };
+        check_rc("rdma_create_id", rc)?;
+        let raw = NonNull::new(raw).ok_or(Error::Verb {
+            verb: "rdma_create_id",
+            errno: libc::EINVAL,
+        })?;
+        // The new id has no events yet, so nobody else reads its context.
+        // SAFETY: a fresh id on `chan`, owned by nobody else.
+        let inner = unsafe { IdInner::wrap(chan, raw, ps) };
+        Ok(CmId { inner })
+    }
+
+    /// Takes a connection request's new id.
+    ///
+    /// # Safety
+    /// `raw` is the live new id of a connection request on `chan`, owned by
+    /// nobody else, and the channel's lock is held.
+    pub(crate) unsafe fn adopt(
+        chan: &Arc<ChannelInner>,
+        raw: NonNull<sys::rdma_cm_id>,
+        ps: PortSpace,
+    ) -> Self {
+        CmId {
+            // SAFETY: per the caller.
+            inner: unsafe { IdInner::wrap(chan, raw, ps) },
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<IdInner> {
+        &self.inner
+    }
+
+    /// A number that tells this id apart from every other of the process
+    /// ([`CmEvent::id_key`](super::CmEvent::id_key) gives the one of an
+    /// event's id).
+    pub fn key(&self) -> u64 {
+        self.inner.key
+    }
+
+    /// The port space the id was made in.
+    pub fn port_space(&self) -> PortSpace {
+        self.inner.ps
+    }
+
+    /// Runs one librdmacm call on the raw id under the channel's lock, then
+    /// brings the known state of the id's QP up to date.
+    fn call(
+        &self,
+        verb: &'static str,
+        f: impl FnOnce(*mut sys::rdma_cm_id) -> c_int,
+    ) -> Result<()> {
+        let _guard = self.inner.chan.lock();
+        let rc = f(self.inner.raw.as_ptr());
+        self.inner.refresh_qp_locked();
+        check_rc(verb, rc).map(|_| ())
+    }
+
+    /// Reads the raw id under the channel's lock.
+    fn read<R>(&self, f: impl FnOnce(&sys::rdma_cm_id) -> R) -> R {
+        let _guard = self.inner.chan.lock();
+        // SAFETY: the id is live; the lock keeps librdmacm from writing it meanwhile.
+        f(unsafe { &*self.inner.raw.as_ptr() })
+    }
+
+    /// Binds the id to a local address (port 0: any free port). Binding to
+    /// an RDMA device's address also gives the id its
+    /// [`context`](Self::context).
+    #[doc(alias = "rdma_bind_addr")]
+    pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+        let mut a = RawAddr::new(addr);
+        // SAFETY: the id is live; `a` is a valid address for the call.
+        self.call("rdma_bind_addr", |id| unsafe {
+            sys::rdma_bind_addr(id, a.as_ptr())
+        })
+    }
+
+    /// Starts resolving `dst` (from `src`, or the route's source address)
+    /// to an RDMA device and port: an
+    /// [`AddrResolved`](super::CmEventKind::AddrResolved) event, or
+    /// [`AddrError`](super::CmEventKind::AddrError) after `timeout`.
+    #[doc(alias = "rdma_resolve_addr")]
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
+        let ms = timeout_ms(timeout)?;
+        let mut src = src.map(RawAddr::new);
+        let mut dst = RawAddr::new(dst);
+        let src_ptr = src.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_ptr);
+        // SAFETY: the id is live; the addresses are valid for the call.
+        self.call("rdma_resolve_addr", |id| unsafe {
+            sys::rdma_resolve_addr(id, src_ptr, dst.as_ptr(), ms)
+        })
+    }
+
+    /// Starts resolving the route to the resolved address: a
+    /// [`RouteResolved`](super::CmEventKind::RouteResolved) or
+    /// [`RouteError`](super::CmEventKind::RouteError) event.
+    #[doc(alias = "rdma_resolve_route")]
+    pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        let ms = timeout_ms(timeout)?;
+        if self.read(|id| id.verbs.is_null()) {
+            return Err(not_on_a_device("rdma_resolve_route"));
+        }
+        // SAFETY: the id is live and has a device (librdmacm reads `verbs`).
+        self.call("rdma_resolve_route", |id| unsafe {
+            sys::rdma_resolve_route(id, ms)
+        })
+    }
+
+    /// Listens for connection requests on the bound address; each arrives
+    /// as a [`ConnectRequest`](super::CmEventKind::ConnectRequest) event.
+    #[doc(alias = "rdma_listen")]
+    pub fn listen(&self, backlog: u32) -> Result<()> {
+        let backlog = c_int::try_from(backlog).unwrap_or(c_int::MAX);
+        // SAFETY: the id is live.
+        self.call("rdma_listen", |id| unsafe { sys::rdma_listen(id, backlog) })
+    }
+
+    /// The device context the id is on, once bound or resolved: the one
+    /// librdmacm opened, which every id on the device shares. PDs for
+    /// [`create_qp`](Self::create_qp) come from it.
+    #[doc(alias = "verbs")]
+    pub fn context(&self) -> Result<Context> {
+        if let Some(ctx) = self.inner.ctx.get() {
+            return Ok(ctx.clone());
+        }
+        let verbs =
+            NonNull::new(self.read(|id| id.verbs)).ok_or_else(|| not_on_a_device("rdma_cm_id"))?;
+        let ctx = super::device::context_for(verbs)?;
+        Ok(self.inner.ctx.get_or_init(|| ctx).clone())
+    }
+
+    /// The device port the id is on (0 before it is bound or resolved).
+    pub fn port_num(&self) -> u8 {
+        self.read(|id| id.port_num)
+    }
+
+    /// The local address (`rdma_get_local_addr`), once bound or resolved.
+    #[doc(alias = "rdma_get_local_addr")]
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.read(|id| {
+            // SAFETY: `src_addr` is a sockaddr_storage-sized union member of the live id.
+            unsafe { read_sockaddr(std::ptr::addr_of!(id.route.addr.__bindgen_anon_1).cast()) }
+        })
+    }
+
+    /// The peer's address (`rdma_get_peer_addr`), once resolved or connected.
+    #[doc(alias = "rdma_get_peer_addr")]
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.read(|id| {
+            // SAFETY: `dst_addr` is a sockaddr_storage-sized union member of the live id.
+            unsafe { read_sockaddr(std::ptr::addr_of!(id.route.addr.__bindgen_anon_2).cast()) }
+        })
+    }
+
+    /// Creates a QP on the id (`rdma_create_qp`), whose state the CM moves:
+    /// to INIT now (RC, UC) or to RTS (UD, with Q_Key
+    /// [`UDP_QKEY`](super::UDP_QKEY)), to RTR and RTS on
+    /// [`accept`](Self::accept) or when the connect response arrives, to
+    /// ERR on a reject and on [`disconnect`](Self::disconnect). The
+    /// returned QP's [`state`](QueuePair::state) follows every move.
+    ///
+    /// Refused before the call: an id not yet on a device, a PD of another
+    /// context than [`context`](Self::context), a QP type other than the
+    /// port space's ([`PortSpace::qp_type`]), an id that has a QP already,
+    /// and everything [`QueuePair::new`] refuses.
+    #[doc(alias = "rdma_create_qp")]
+    pub fn create_qp(&self, pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        const VERB: &str = "rdma_create_qp";
+        let ctx = self.context()?;
+        if !pd.context().same_as(&ctx) {
+            return Err(Error::invalid(
+                VERB,
+                format!(
+                    "the PD belongs to another context of {} than the one librdmacm opened for this id; \
+                     allocate it from CmId::context()",
+                    pd.context().name()
+                ),
+            ));
+        }
+        let want = self.inner.ps.qp_type();
+        if attr.qp_type() != want {
+            return Err(Error::invalid(
+                VERB,
+                format!(
+                    "an {} id takes {} QPs, not {}",
+                    self.inner.ps.c_name(),
+                    want.short_name(),
+                    attr.qp_type().short_name()
+                ),
+            ));
+        }
+        let raw_id = self.inner.raw;
+        let guard = self.inner.chan.lock();
+        // SAFETY: the id is live; the lock is held.
+        if !unsafe { (*raw_id.as_ptr()).qp }.is_null() {
+            return Err(Error::invalid(VERB, "the id has a QP already"));
+        }
+        let mut qp = QueuePair::create_with(pd, attr, VERB, |raw_attr| {
+            // SAFETY: the id, PD and CQs are live and of the id's context
+            // (checked above and by `create_with`); `raw_attr` is a valid
+            // in/out struct; the lock is held (librdmacm sets `id->qp`).
+            let rc = unsafe { sys::rdma_create_qp(raw_id.as_ptr(), pd.as_ptr(), raw_attr) };
+            check_rc(VERB, rc)?;
+            // SAFETY: as above; on success librdmacm set `qp`.
+            NonNull::new(unsafe { (*raw_id.as_ptr()).qp }).ok_or(Error::Verb {
+                verb: VERB,
+                errno: libc::EINVAL,
+            })
+        })?;
+        let qp_ptr = NonNull::new(qp.as_raw()).ok_or(Error::Verb {
+            verb: VERB,
+            errno: libc::EINVAL,
+        })?;
+        let (link, shared) = QpLink::new(self.inner.chan.clone(), raw_id, qp_ptr);
+        shared.refresh();
+        *self.inner.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(shared);
+        drop(guard);
+        qp.set_link(link);
+        Ok(qp)
+    }
+
+    /// The attributes the CM has for moving a QP of the program's own to
+    /// `state` (`rdma_init_qp_attr`): INIT, RTR or RTS. Apply them with the
+    /// crate's validated [`QueuePair::modify`], which checks the CM's
+    /// mask like any other.
+    ///
+    /// ```no_run
+    /// # fn f(id: &rdma_verbs::cm::CmId, qp: &mut rdma_verbs::QueuePair) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::QpState;
+    /// for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+    ///     qp.modify(&id.init_qp_attr(state)?)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "rdma_init_qp_attr")]
+    pub fn init_qp_attr(&self, state: QpState) -> Result<QpAttr> {
+        if !matches!(state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            return Err(Error::invalid(
+                "rdma_init_qp_attr",
+                format!(
+                    "the CM has attributes for INIT, RTR and RTS, not {}",
+                    state.short_name()
+                ),
+            ));
+        }
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: state.as_raw(),
+            ..Default::default()
+        };
+        let mut mask: c_int = 0;
+        // SAFETY: the id is live; `attr` and `mask` are valid out-parameters.
+        self.call("rdma_init_qp_attr", |id| unsafe {
+            sys::rdma_init_qp_attr(id, &mut attr, &mut mask)
+        })?;
+        Ok(QpAttr::from_raw(attr, mask))
+    }
+
+    fn conn_raw(
+        &self,
+        verb: &'static str,
+        op: PrivateDataOp,
+        param: &ConnParam<'_>,
+    ) -> Result<sys::rdma_conn_param> {
+        let ctx = self.context()?;
+        let has_qp = self.read(|id| !id.qp.is_null());
+        param.to_raw(verb, op, self.inner.ps, &ctx, has_qp)
+    }
+
+    /// Connects to the resolved peer (`rdma_connect`): an
+    /// [`Established`](super::CmEventKind::Established) event (for an id
+    /// with a CM QP, which is then in RTS), a
+    /// [`ConnectResponse`](super::CmEventKind::ConnectResponse) (for an id
+    /// without one: move the program's QP, then [`establish`](Self::establish)),
+    /// or [`Rejected`](super::CmEventKind::Rejected) /
+    /// [`Unreachable`](super::CmEventKind::Unreachable). On a UD id this
+    /// asks the peer for its QP number and Q_Key (the reply is an
+    /// `Established` event with [`ud_info`](super::CmEvent::ud_info)).
+    #[doc(alias = "rdma_connect")]
+    pub fn connect(&self, param: &ConnParam<'_>) -> Result<()> {
+        if self.read(|id| id.verbs.is_null()) {
+            return Err(not_on_a_device("rdma_connect"));
+        }
+        let mut p = self.conn_raw("rdma_connect", PrivateDataOp::Connect, param)?;
+        // SAFETY: the id is live; `p` and the private data it points to
+        // (borrowed from `param`) are valid for the call.
+        self.call("rdma_connect", |id| unsafe {
+            sys::rdma_connect(id, &mut p)
+        })
+    }
+
+    /// Accepts a connection request (`rdma_accept`) on its new id; for an
+    /// id with a CM QP, the QP is in RTS when this returns.
+    #[doc(alias = "rdma_accept")]
+    pub fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
+        let mut p = self.conn_raw("rdma_accept", PrivateDataOp::Accept, param)?;
+        // SAFETY: as in `connect`.
+        self.call("rdma_accept", |id| unsafe { sys::rdma_accept(id, &mut p) })
+    }
+
+    /// Rejects a connection request (`rdma_reject`), with private data for
+    /// the peer's [`Rejected`](super::CmEventKind::Rejected) event.
+    #[doc(alias = "rdma_reject")]
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let limit = max_private_data(PrivateDataOp::Reject, self.inner.ps);
+        if private_data.len() > limit {
+            return Err(Error::invalid(
+                "rdma_reject",
+                format!(
+                    "{} bytes of private data is more than the {limit} {} carries",
+                    private_data.len(),
+                    describe(PrivateDataOp::Reject, self.inner.ps)
+                ),
+            ));
+        }
+        let ptr = if private_data.is_empty() {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast::<c_void>()
+        };
+        let len = private_data.len() as u8;
+        // SAFETY: the id is live; `ptr` points to `len` readable bytes (or is NULL).
+        self.call("rdma_reject", |id| unsafe {
+            sys::rdma_reject(id, ptr, len)
+        })
+    }
+
+    /// Tells the peer that a connection without a CM QP is ready
+    /// (`rdma_establish`), after a
+    /// [`ConnectResponse`](super::CmEventKind::ConnectResponse) and moving
+    /// the program's QP to RTS.
+    #[doc(alias = "rdma_establish")]
+    pub fn establish(&self) -> Result<()> {
+        if self.read(|id| !id.qp.is_null()) {
+            return Err(Error::invalid(
+                "rdma_establish",
+                "the id has a CM QP, which the CM establishes itself",
+            ));
+        }
+        // SAFETY: the id is live.
+        self.call("rdma_establish", |id| unsafe { sys::rdma_establish(id) })
+    }
+
+    /// Disconnects (`rdma_disconnect`): a CM QP goes to ERR (its
+    /// outstanding requests flush), and both sides get a
+    /// [`Disconnected`](super::CmEventKind::Disconnected) event.
+    #[doc(alias = "rdma_disconnect")]
+    pub fn disconnect(&self) -> Result<()> {
+        if self.read(|id| id.verbs.is_null()) {
+            return Err(not_on_a_device("rdma_disconnect"));
+        }
+        // SAFETY: the id is live and on a device.
+        self.call("rdma_disconnect", |id| unsafe { sys::rdma_disconnect(id) })
+    }
+
+    /// Joins the multicast group `addr` as a full member: a
+    /// [`MulticastJoin`](super::CmEventKind::MulticastJoin) event with the
+    /// group's [`ud_info`](super::CmEvent::ud_info); a CM QP is attached to
+    /// the group when it arrives.
+    #[doc(alias = "rdma_join_multicast")]
+    pub fn join_multicast(&self, addr: SocketAddr) -> Result<()> {
+        self.join_multicast_with(addr, McJoin::FullMember)
+    }
+
+    /// Joins the multicast group `addr` as `how` says (`rdma_join_multicast_ex`).
+    #[doc(alias = "rdma_join_multicast_ex")]
+    pub fn join_multicast_with(&self, addr: SocketAddr, how: McJoin) -> Result<()> {
+        const VERB: &str = "rdma_join_multicast_ex";
+        if self.inner.ps.is_connected() {
+            return Err(Error::invalid(
+                VERB,
+                format!(
+                    "multicast needs a UD port space, not {}",
+                    self.inner.ps.c_name()
+                ),
+            ));
+        }
+        let token = NEXT_GROUP.fetch_add(1, Ordering::Relaxed);
+        {
+            // The group is known before its event can be read. (The groups'
+            // lock is never held while taking the channel's: event reading
+            // takes them the other way round.)
+            let mut groups = self.inner.groups.lock().unwrap_or_else(|e| e.into_inner());
+            if groups.iter().any(|g| g.addr == addr) {
+                return Err(Error::invalid(
+                    VERB,
+                    format!("the id has joined {addr} already"),
+                ));
+            }
+            groups.push(Group {
+                addr,
+                token,
+                held: 0,
+            });
+        }
+        let mut raw_addr = RawAddr::new(addr);
+        let mut attr = sys::rdma_cm_join_mc_attr_ex {
+            comp_mask: sys::rdma_cm_join_mc_attr_mask::RDMA_CM_JOIN_MC_ATTR_ADDRESS
+                | sys::rdma_cm_join_mc_attr_mask::RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+            join_flags: how.as_raw(),
+            addr: raw_addr.as_ptr(),
+        };
+        // SAFETY: the id is live; `attr` and the address it points to are
+        // valid for the call; `token` is only handed back, never dereferenced.
+        let r = self.call(VERB, |id| unsafe {
+            sys::rdma_join_multicast_ex(id, &mut attr, token as *mut c_void)
+        });
+        if r.is_err() {
+            self.inner
+                .groups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|g| g.token != token);
+        }
+        r
+    }
+
+    /// Leaves the multicast group `addr` (`rdma_leave_multicast`).
+    ///
+    /// Refused while an event of the group is held: librdmacm waits for its
+    /// acknowledgement, which would never come from a thread waiting here.
+    #[doc(alias = "rdma_leave_multicast")]
+    pub fn leave_multicast(&self, addr: SocketAddr) -> Result<()> {
+        const VERB: &str = "rdma_leave_multicast";
+        {
+            let mut groups = self.inner.groups.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(pos) = groups.iter().position(|g| g.addr == addr) else {
+                return Err(Error::invalid(
+                    VERB,
+                    format!("the id has not joined {addr}"),
+                ));
+            };
+            if groups[pos].held > 0 {
+                return Err(Error::invalid(
+                    VERB,
+                    format!(
+                        "an event of group {addr} is still held; drop it first (librdmacm waits for its acknowledgement)"
+                    ),
+                ));
+            }
+            groups.remove(pos);
+        }
+        let mut a = RawAddr::new(addr);
+        // librdmacm detaches the id's QP (under the lock, like every reader
+        // of `id->qp`), then waits for the group's events, none held here.
+        // SAFETY: the id is live; `a` is a valid address for the call.
+        self.call(VERB, |id| unsafe {
+            sys::rdma_leave_multicast(id, a.as_ptr())
+        })
+    }
+
+    /// Destroys the id now and reports failure (`rdma_destroy_id`).
+    ///
+    /// While an event of the id (or, for a listener, a connection request
+    /// to it) is held, the id cannot be destroyed: this returns
+    /// [`Error::InUse`], and the id is destroyed when the last such event is
+    /// dropped.
+    #[doc(alias = "rdma_destroy_id")]
+    pub fn close(self) -> Result<()> {
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => inner.destroy(),
+            Err(arc) => Err(Error::InUse {
+                object: "CM id",
+                users: Arc::strong_count(&arc) - 1,
+            }),
+        }
+    }
+}
+
+fn timeout_ms(timeout: Duration) -> Result<c_int> {
+    c_int::try_from(timeout.as_millis()).map_err(|_| Error::OutOfRange {
+        what: "timeout in milliseconds",
+        value: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        range: "0..=2147483647",
+    })
+}
+
+fn not_on_a_device(verb: &'static str) -> Error {
+    Error::invalid(
+        verb,
+        "the id is not on a device yet: bind it to a local RDMA address or resolve an address first",
+    )
+}
+
+impl fmt::Debug for CmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId")
+            .field("key", &self.inner.key)
+            .field("port_space", &self.inner.ps)
+            .field("local_addr", &self.local_addr())
+            .field("peer_addr", &self.peer_addr())
+            .finish()
+    }
+}

@@ -1,0 +1,648 @@
+//! The connection manager (librdmacm) on the test device: every event kind
+//! rxe produces, both ways of handling QPs, the known QP state against
+//! `query_qp` after each event, and the checks made before any call.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+use rdma_verbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use rdma_verbs::qp::{QKey, QpNum, RecvWr, SendOp, SendWr};
+use rdma_verbs::{
+    AccessFlags, CompletionQueue, Context, Error, ProtectionDomain, QpInitAttr, QpState, QpType,
+    QueuePair,
+};
+
+use crate::common::{deadline, poll_n, Env, TestFn};
+
+pub const TESTS: &[(&str, TestFn)] = &[
+    (
+        "cm::connect_accept_disconnect_with_cm_qps",
+        connect_accept_disconnect,
+    ),
+    ("cm::server_disconnects_first", server_disconnects_first),
+    ("cm::reject_with_private_data", reject_with_private_data),
+    ("cm::connect_to_a_port_nobody_listens_on", no_listener),
+    ("cm::unreachable_address_times_out", unreachable_address),
+    ("cm::own_qps_moved_with_init_qp_attr", own_qps),
+    ("cm::ud_connect_and_datagram", ud_connect),
+    ("cm::multicast_join_send_leave", multicast),
+    ("cm::checks_before_any_call", checks_before_any_call),
+    ("cm::held_event_keeps_its_id", held_event_keeps_its_id),
+    ("cm::untaken_request_is_rejected", untaken_request),
+    ("cm::non_blocking_reads", non_blocking_reads),
+];
+
+/// The IPv4 address of the test port (its IPv4-mapped RoCE GID), or
+/// `RDMA_VERBS_CM_ADDR`.
+pub fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
+    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
+        return a
+            .parse()
+            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
+    }
+    env.ctx
+        .gid_table()?
+        .iter()
+        .filter(|e| e.port == u32::from(env.port))
+        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
+        .map(IpAddr::V4)
+        .ok_or_else(|| {
+            format!(
+                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
+                env.port,
+                env.ctx.name()
+            )
+            .into()
+        })
+}
+
+fn t() -> Duration {
+    deadline()
+}
+
+/// A listener on `ip`, any free port, and that port's address.
+pub fn listener(
+    ch: &EventChannel,
+    ip: IpAddr,
+    ps: PortSpace,
+) -> Result<(CmId, SocketAddr), Failed> {
+    let l = ch.create_id(ps)?;
+    l.bind(SocketAddr::new(ip, 0))?;
+    l.listen(128)?;
+    let addr = l.local_addr().ok_or("listener has no local address")?;
+    ensure!(addr.port() != 0, "listener bound to port 0: {addr}");
+    Ok((l, addr))
+}
+
+/// A client id with address and route resolved to `to`.
+pub fn resolved(ch: &EventChannel, to: SocketAddr, ps: PortSpace) -> Result<CmId, Failed> {
+    let id = ch.create_id(ps)?;
+    id.resolve_addr(None, to, Duration::from_secs(2))?;
+    expect_for(ch, CmEventKind::AddrResolved, &id)?;
+    id.resolve_route(Duration::from_secs(2))?;
+    expect_for(ch, CmEventKind::RouteResolved, &id)?;
+    Ok(id)
+}
+
+fn expect_for(ch: &EventChannel, kind: CmEventKind, id: &CmId) -> Result<CmEvent, Failed> {
+    let ev = ch.expect(kind, t())?;
+    ensure!(ev.is_for(id), "{kind} for another id");
+    Ok(ev)
+}
+
+/// The QP's known state equals what the device says.
+fn state_is(qp: &QueuePair, want: QpState, when: &str) -> Result<(), Failed> {
+    let device = qp.query_state()?;
+    ensure!(
+        qp.state() == want && device == want,
+        "{when}: known state {}, device {}, expected {}",
+        qp.state(),
+        device,
+        want
+    );
+    Ok(())
+}
+
+struct Side {
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn cm_qp(id: &CmId, t: QpType) -> Result<Side, Failed> {
+    let ctx = id.context()?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(64)?;
+    let qp = id.create_qp(&pd, &QpInitAttr::new(t, &cq, &cq))?;
+    Ok(Side { pd, cq, qp })
+}
+
+/// Client and server connected through the CM with CM QPs; returns
+/// (server channel, client channel, listener, server id, client id, sides).
+struct Conn {
+    sch: EventChannel,
+    cch: EventChannel,
+    _listener: CmId,
+    server: CmId,
+    client: CmId,
+    s: Side,
+    c: Side,
+}
+
+fn connected(env: &Env) -> Result<Conn, Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let c = cm_qp(&client, QpType::Rc)?;
+    state_is(&c.qp, QpState::Init, "client QP after rdma_create_qp")?;
+    client.connect(
+        &ConnParam::new()
+            .private_data(b"hello")
+            .responder_resources(1)
+            .initiator_depth(1),
+    )?;
+    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
+    ensure!(
+        req.private_data().starts_with(b"hello"),
+        "request private data {:?}",
+        req.private_data()
+    );
+    let info = req
+        .conn_info()
+        .ok_or("no connection parameters in the request")?;
+    ensure!(
+        info.qp_num == c.qp.qp_num(),
+        "request names QP {:#x}, client has {:#x}",
+        info.qp_num,
+        c.qp.qp_num()
+    );
+    let server = req.take_request().ok_or("no new id in the request")?;
+    ensure!(
+        req.take_request().is_none(),
+        "the new id was handed out twice"
+    );
+    drop(req);
+    let s = cm_qp(&server, QpType::Rc)?;
+    state_is(&s.qp, QpState::Init, "server QP after rdma_create_qp")?;
+    server.accept(&ConnParam::new().responder_resources(1).initiator_depth(1))?;
+    state_is(&s.qp, QpState::Rts, "server QP after rdma_accept")?;
+    expect_for(&cch, CmEventKind::Established, &client)?;
+    state_is(&c.qp, QpState::Rts, "client QP after ESTABLISHED")?;
+    expect_for(&sch, CmEventKind::Established, &server)?;
+    Ok(Conn {
+        sch,
+        cch,
+        _listener: listener,
+        server,
+        client,
+        s,
+        c,
+    })
+}
+
+/// One message from `from` to `to` through the connection.
+fn ping(from: &mut Side, to: &mut Side, msg: &[u8]) -> Result<(), Failed> {
+    let mut bufs = from.pd.alloc_chunks(1, 256, AccessFlags::LOCAL_WRITE)?;
+    let mut out = bufs.pop().ok_or("no chunk")?;
+    out.as_mut_slice()[..msg.len()].copy_from_slice(msg);
+    let inb = to.pd.alloc_chunks(1, 256, AccessFlags::LOCAL_WRITE)?;
+    to.qp
+        .post_recv(inb.into_iter().map(|c| RecvWr::new(1).sge(c)))?;
+    from.qp
+        .post_send([SendWr::new(2, SendOp::Send).sge_len(out, msg.len())])?;
+    let wc = poll_n(&to.cq, 1)?.pop().ok_or("no receive")?;
+    ensure!(wc.is_success(), "receive {:?}", wc.status());
+    let mut got = Vec::new();
+    to.qp.reclaim(&wc, |d| {
+        got.extend(
+            d.chunks()
+                .map(|c| c.as_slice()[..wc.byte_len() as usize].to_vec()),
+        )
+    });
+    ensure!(got == vec![msg.to_vec()], "received {got:?}");
+    let wc = poll_n(&from.cq, 1)?.pop().ok_or("no send completion")?;
+    ensure!(wc.is_success(), "send {:?}", wc.status());
+    from.qp.reclaim(&wc, |d| drop(d.into_chunk()));
+    Ok(())
+}
+
+fn connect_accept_disconnect(env: &Env) -> Result<(), Failed> {
+    let mut k = connected(env)?;
+    ping(&mut k.c, &mut k.s, b"client to server")?;
+    ping(&mut k.s, &mut k.c, b"server to client")?;
+    k.client.disconnect()?;
+    state_is(&k.c.qp, QpState::Err, "client QP after rdma_disconnect")?;
+    expect_for(&k.sch, CmEventKind::Disconnected, &k.server)?;
+    k.server.disconnect()?;
+    state_is(&k.s.qp, QpState::Err, "server QP after its rdma_disconnect")?;
+    expect_for(&k.cch, CmEventKind::Disconnected, &k.client)?;
+    // Time-wait ends with an event of its own on rxe: wait for it (it can
+    // take the CM's time-wait, a few seconds).
+    let ev = k.cch.get_event_timeout(t())?;
+    if let Some(ev) = &ev {
+        ensure!(
+            ev.kind() == CmEventKind::TimewaitExit && ev.is_for(&k.client),
+            "after DISCONNECTED: {ev:?}"
+        );
+    }
+    eprintln!(
+        "cm: TIMEWAIT_EXIT {}",
+        if ev.is_some() { "seen" } else { "not seen" }
+    );
+    Ok(())
+}
+
+fn server_disconnects_first(env: &Env) -> Result<(), Failed> {
+    let k = connected(env)?;
+    k.server.disconnect()?;
+    state_is(&k.s.qp, QpState::Err, "server QP after rdma_disconnect")?;
+    expect_for(&k.cch, CmEventKind::Disconnected, &k.client)?;
+    // The peer's DREQ does not move the client's QP: the CM leaves that to
+    // the program, and the known state says so.
+    state_is(&k.c.qp, QpState::Rts, "client QP after DISCONNECTED")?;
+    k.client.disconnect()?;
+    state_is(&k.c.qp, QpState::Err, "client QP after its rdma_disconnect")?;
+    expect_for(&k.sch, CmEventKind::Disconnected, &k.server)?;
+    // Drop order: ids before QPs, the reverse of `connected`'s other tests.
+    drop(k.server);
+    drop(k.client);
+    drop(k.s.qp);
+    drop(k.c.qp);
+    Ok(())
+}
+
+fn reject_with_private_data(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let c = cm_qp(&client, QpType::Rc)?;
+    client.connect(&ConnParam::new())?;
+    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
+    let server = req.take_request().ok_or("no new id")?;
+    ensure!(
+        matches!(
+            server.reject(&[7u8; 149]),
+            Err(Error::InvalidArgument { .. })
+        ),
+        "149 bytes of reject private data accepted"
+    );
+    server.reject(b"busy, try later")?;
+    let ev = cch
+        .get_event_timeout(t())?
+        .ok_or("no event after the reject")?;
+    ensure!(
+        ev.kind() == CmEventKind::Rejected && ev.is_for(&client),
+        "got {ev:?}"
+    );
+    ensure!(
+        ev.private_data().starts_with(b"busy, try later"),
+        "reject private data {:?}",
+        ev.private_data()
+    );
+    ensure!(
+        ev.status() == 28,
+        "reject reason {} (28: consumer reject)",
+        ev.status()
+    );
+    state_is(&c.qp, QpState::Err, "client QP after REJECTED")?;
+    Ok(())
+}
+
+fn no_listener(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    // A port that was listened on and is free again.
+    let (l, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    l.close()?;
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let c = cm_qp(&client, QpType::Rc)?;
+    client.connect(&ConnParam::new())?;
+    let err = cch.expect(CmEventKind::Established, t()).unwrap_err();
+    let Error::CmEvent { got, status, .. } = &err else {
+        return Err(format!("expected a CM event error, got {err}").into());
+    };
+    ensure!(
+        *got == "RDMA_CM_EVENT_REJECTED" || *got == "RDMA_CM_EVENT_UNREACHABLE",
+        "{err}"
+    );
+    eprintln!("cm: connect to {addr} without listener: {err} (status {status})");
+    state_is(&c.qp, QpState::Err, "client QP after the failed connect")?;
+    Ok(())
+}
+
+fn unreachable_address(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let IpAddr::V4(v4) = ip else {
+        return Err("the test needs an IPv4 address".into());
+    };
+    // A host of the test port's subnet that nobody has: ARP goes unanswered.
+    let o = v4.octets();
+    let nobody = SocketAddr::new(IpAddr::from([o[0], o[1], o[2], o[3] ^ 0x77]), 7471);
+    let ch = EventChannel::new()?;
+    let id = ch.create_id(PortSpace::Tcp)?;
+    id.resolve_addr(None, nobody, Duration::from_millis(500))?;
+    let err = ch.expect(CmEventKind::AddrResolved, t()).unwrap_err();
+    match &err {
+        Error::CmEvent { got, status, .. } => {
+            ensure!(*got == "RDMA_CM_EVENT_ADDR_ERROR", "{err}");
+            ensure!(*status < 0, "status {status}");
+            ensure!(err.errno().is_some(), "no errno in {err}");
+        }
+        other => return Err(format!("expected ADDR_ERROR, got {other}").into()),
+    }
+    eprintln!("cm: resolving {nobody}: {err}");
+    // Nothing to route to.
+    ensure!(
+        matches!(
+            id.resolve_route(Duration::from_secs(1)),
+            Err(Error::InvalidArgument { .. }) | Err(Error::Verb { .. })
+        ),
+        "route resolution accepted after a failed address resolution"
+    );
+    Ok(())
+}
+
+fn own_qps(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let cctx = client.context()?;
+    let own = |ctx: &Context| -> Result<Side, Failed> {
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(64)?;
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+        Ok(Side { pd, cq, qp })
+    };
+    let mut c = own(&cctx)?;
+    c.qp.modify(&client.init_qp_attr(QpState::Init)?)?;
+    state_is(&c.qp, QpState::Init, "own client QP")?;
+    // The CM has no RTR attributes before the connection exists.
+    ensure!(
+        client.connect(&ConnParam::new()).is_err(),
+        "connect without a QP accepted"
+    );
+    client.connect(&ConnParam::new().qp_num(c.qp.qp_num()))?;
+    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
+    let server = req.take_request().ok_or("no new id")?;
+    drop(req);
+    let mut s = own(&server.context()?)?;
+    for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        let attr = server.init_qp_attr(st)?;
+        s.qp.modify(&attr)?;
+        state_is(&s.qp, st, "own server QP")?;
+    }
+    server.accept(&ConnParam::new().qp_num(s.qp.qp_num()))?;
+    let ev = expect_for(&cch, CmEventKind::ConnectResponse, &client)?;
+    let info = ev.conn_info().ok_or("no parameters in the response")?;
+    ensure!(
+        info.qp_num == s.qp.qp_num(),
+        "response names QP {:#x}",
+        info.qp_num
+    );
+    drop(ev);
+    for st in [QpState::Rtr, QpState::Rts] {
+        c.qp.modify(&client.init_qp_attr(st)?)?;
+        state_is(&c.qp, st, "own client QP")?;
+    }
+    client.establish()?;
+    expect_for(&sch, CmEventKind::Established, &server)?;
+    ping(&mut c, &mut s, b"own QPs")?;
+    // An id without a CM QP: the CM leaves the QP alone on disconnect.
+    client.disconnect()?;
+    state_is(&c.qp, QpState::Rts, "own client QP after rdma_disconnect")?;
+    expect_for(&sch, CmEventKind::Disconnected, &server)?;
+    Ok(())
+}
+
+fn ud_connect(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, PortSpace::Udp)?;
+    let client = resolved(&cch, addr, PortSpace::Udp)?;
+    let mut c = cm_qp(&client, QpType::Ud)?;
+    state_is(&c.qp, QpState::Rts, "UD client QP after rdma_create_qp")?;
+    ensure!(
+        client
+            .create_qp(&c.pd, &QpInitAttr::new(QpType::Ud, &c.cq, &c.cq))
+            .is_err(),
+        "a second QP on one id accepted"
+    );
+    client.connect(&ConnParam::new().private_data(&[1u8; 180]))?;
+    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
+    ensure!(
+        req.private_data().starts_with(&[1u8; 180]),
+        "SIDR private data"
+    );
+    let peer = req.ud_info().ok_or("no UD parameters in the request")?;
+    let server = req.take_request().ok_or("no new id")?;
+    drop(req);
+    let mut s = cm_qp(&server, QpType::Ud)?;
+    server.accept(&ConnParam::new())?;
+    let ev = expect_for(&cch, CmEventKind::Established, &client)?;
+    let ud = ev.ud_info().ok_or("no UD parameters")?;
+    ensure!(
+        ud.qp_num == s.qp.qp_num(),
+        "peer QP {:#x} != {:#x}",
+        ud.qp_num,
+        s.qp.qp_num()
+    );
+    ensure!(ud.qkey == rdma_verbs::cm::UDP_QKEY, "qkey {:#x}", ud.qkey);
+    let _ = peer;
+    // One datagram client -> server.
+    let ah = c.pd.create_ah(&ud.av)?;
+    let inb = s.pd.alloc_chunks(1, 256 + 40, AccessFlags::LOCAL_WRITE)?;
+    s.qp.post_recv(inb.into_iter().map(|b| RecvWr::new(1).sge(b)))?;
+    let mut out =
+        c.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    out.as_mut_slice()[..8].copy_from_slice(b"datagram");
+    c.qp.post_send([SendWr::new(3, SendOp::Send)
+        .ud(&ah, QpNum::new(ud.qp_num)?, QKey(ud.qkey))
+        .sge_len(out, 8)])?;
+    let wc = poll_n(&s.cq, 1)?.pop().ok_or("no receive")?;
+    ensure!(wc.is_success() && wc.byte_len() == 48, "receive {wc:?}");
+    let mut got = Vec::new();
+    s.qp.reclaim(&wc, |d| {
+        got.extend(d.chunks().map(|c| c.as_slice()[40..48].to_vec()))
+    });
+    ensure!(got == vec![b"datagram".to_vec()], "got {got:?}");
+    let wc = poll_n(&c.cq, 1)?.pop().ok_or("no send completion")?;
+    c.qp.reclaim(&wc, |d| drop(d.into_chunk()));
+    Ok(())
+}
+
+fn multicast(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
+    let ch = EventChannel::new()?;
+    let id = ch.create_id(PortSpace::Udp)?;
+    id.bind(SocketAddr::new(ip, 0))?;
+    let mut side = cm_qp(&id, QpType::Ud)?;
+    id.join_multicast(group)?;
+    ensure!(id.join_multicast(group).is_err(), "joined {group} twice");
+    let ev = expect_for(&ch, CmEventKind::MulticastJoin, &id)?;
+    let ud = ev.ud_info().ok_or("no UD parameters in the join")?;
+    ensure!(
+        ev.private_data().is_empty(),
+        "multicast event shows its context as data"
+    );
+    // Leaving while the join event is held would hang in librdmacm: refused.
+    ensure!(
+        matches!(
+            id.leave_multicast(group),
+            Err(Error::InvalidArgument { .. })
+        ),
+        "leave accepted while the join event is held"
+    );
+    drop(ev);
+    // The QP is attached: a datagram to the group comes back to it.
+    let ah = side.pd.create_ah(&ud.av)?;
+    let inb = side
+        .pd
+        .alloc_chunks(1, 256 + 40, AccessFlags::LOCAL_WRITE)?;
+    side.qp
+        .post_recv(inb.into_iter().map(|b| RecvWr::new(1).sge(b)))?;
+    let mut out = side
+        .pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .ok_or("no chunk")?;
+    out.as_mut_slice()[..5].copy_from_slice(b"group");
+    side.qp.post_send([SendWr::new(2, SendOp::Send)
+        .ud(&ah, QpNum::new(ud.qp_num)?, QKey(ud.qkey))
+        .sge_len(out, 5)])?;
+    let wcs = poll_n(&side.cq, 2)?;
+    ensure!(wcs.iter().all(|w| w.is_success()), "{wcs:?}");
+    for wc in &wcs {
+        side.qp.reclaim(wc, |d| drop(d.into_chunk()));
+    }
+    id.leave_multicast(group)?;
+    ensure!(id.leave_multicast(group).is_err(), "left {group} twice");
+    Ok(())
+}
+
+fn checks_before_any_call(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (_listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    // An id with no device yet.
+    let fresh = cch.create_id(PortSpace::Tcp)?;
+    for (what, r) in [
+        ("context", fresh.context().map(drop)),
+        ("resolve_route", fresh.resolve_route(Duration::from_secs(1))),
+        ("connect", fresh.connect(&ConnParam::new())),
+    ] {
+        ensure!(
+            matches!(r, Err(Error::InvalidArgument { .. })),
+            "{what} on an unbound id: {r:?}"
+        );
+    }
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    // A PD of a context the crate opened itself is not the id's.
+    let own_pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(4)?;
+    let e = client
+        .create_qp(&own_pd, &QpInitAttr::new(QpType::Rc, &cq, &cq))
+        .unwrap_err();
+    ensure!(e.to_string().contains("CmId::context()"), "{e}");
+    // A UD QP on a TCP id.
+    let ctx = client.context()?;
+    ensure!(
+        ctx.name() == env.ctx.name(),
+        "the id is on {}, not {}",
+        ctx.name(),
+        env.ctx.name()
+    );
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(4)?;
+    let e = client
+        .create_qp(&pd, &QpInitAttr::new(QpType::Ud, &cq, &cq))
+        .unwrap_err();
+    ensure!(e.to_string().contains("takes RC QPs"), "{e}");
+    let _qp = client.create_qp(&pd, &QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+    let limit = ctx.attr().max_qp_rd_atom;
+    for (what, p) in [
+        (
+            "57 bytes of private data",
+            ConnParam::new().private_data(&[0; 57]),
+        ),
+        ("retry_count 8", ConnParam::new().retry_count(8)),
+        ("rnr_retry_count 9", ConnParam::new().rnr_retry_count(9)),
+        (
+            "responder_resources above max_qp_rd_atom",
+            ConnParam::new().responder_resources((limit + 1).min(254) as u8),
+        ),
+        ("qp_num with a CM QP", ConnParam::new().qp_num(5)),
+    ] {
+        let r = client.connect(&p);
+        ensure!(
+            matches!(
+                r,
+                Err(Error::InvalidArgument { .. } | Error::OutOfRange { .. })
+            ),
+            "{what}: {r:?}"
+        );
+    }
+    // None of them reached the listener.
+    ensure!(
+        sch.get_event_timeout(Duration::from_millis(300))?.is_none(),
+        "a refused connect reached the listener"
+    );
+    Ok(())
+}
+
+fn held_event_keeps_its_id(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let ch = EventChannel::new()?;
+    let (l, addr) = listener(&ch, ip, PortSpace::Tcp)?;
+    let client = ch.create_id(PortSpace::Tcp)?;
+    client.resolve_addr(None, addr, Duration::from_secs(2))?;
+    let ev = expect_for(&ch, CmEventKind::AddrResolved, &client)?;
+    // close() while its event is held: refused, no hang; the id goes when
+    // the event does.
+    let key = client.key();
+    let e = client.close().unwrap_err();
+    ensure!(matches!(e, Error::InUse { users: 1, .. }), "{e}");
+    ensure!(ev.id_key() == key, "event of another id");
+    drop(ev);
+    l.close()?;
+    Ok(())
+}
+
+fn untaken_request(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let c = cm_qp(&client, QpType::Rc)?;
+    client.connect(&ConnParam::new())?;
+    // Dropped without taking the new id: the kernel rejects.
+    drop(expect_for(&sch, CmEventKind::ConnectRequest, &listener)?);
+    let ev = cch
+        .get_event_timeout(t())?
+        .ok_or("no answer to the dropped request")?;
+    ensure!(
+        matches!(ev.kind(), CmEventKind::Rejected | CmEventKind::Unreachable),
+        "after a dropped request: {ev:?}"
+    );
+    state_is(&c.qp, QpState::Err, "client QP after the reject")?;
+    Ok(())
+}
+
+fn non_blocking_reads(env: &Env) -> Result<(), Failed> {
+    use std::os::fd::AsRawFd;
+    let ip = cm_addr(env)?;
+    let ch = EventChannel::new()?;
+    ensure!(ch.try_get_event()?.is_none(), "an event on a fresh channel");
+    let start = std::time::Instant::now();
+    ensure!(
+        ch.get_event_timeout(Duration::from_millis(200))?.is_none(),
+        "an event on a fresh channel"
+    );
+    ensure!(
+        start.elapsed() >= Duration::from_millis(200),
+        "the wait returned after {:?}",
+        start.elapsed()
+    );
+    let (_l, addr) = listener(&ch, ip, PortSpace::Tcp)?;
+    let id = ch.create_id(PortSpace::Tcp)?;
+    id.resolve_addr(None, addr, Duration::from_secs(2))?;
+    // poll(2) on the channel's descriptor says when the event is there.
+    let mut pfd = libc::pollfd {
+        fd: ch.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(t().as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd for an open descriptor.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    ensure!(n == 1, "poll returned {n}");
+    let ev = ch.try_get_event()?.ok_or("poll said readable, no event")?;
+    ensure!(ev.kind() == CmEventKind::AddrResolved, "{ev:?}");
+    Ok(())
+}
