@@ -30,6 +30,11 @@ const TESTS: &[(&str, TestFn)] = &[
         "leaks::close_in_order_returns_to_baseline",
         close_in_order_returns_to_baseline,
     ),
+    #[cfg(feature = "cm")]
+    (
+        "leaks::cm_listener_accepts_100_connections_and_tears_down",
+        cm::listener_accepts_100,
+    ),
 ];
 
 fn main() -> std::process::ExitCode {
@@ -177,4 +182,170 @@ fn close_in_order_returns_to_baseline(env: &Env) -> Result<(), Failed> {
     let now = counts(dev)?;
     ensure!(now == base, "after close(): {now:?} != baseline {base:?}");
     Ok(())
+}
+
+/// A CM listener accepting 100 connections, each with CM QPs on both sides,
+/// then tearing them all down.
+#[cfg(feature = "cm")]
+mod cm {
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+
+    use libtest_mimic::Failed;
+    use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+    use rdma_verbs::{CompletionQueue, ProtectionDomain, QpInitAttr, QpState, QpType, QueuePair};
+
+    use super::{counts, delta};
+    use crate::common::{cm_addr, deadline, Env};
+
+    /// One end of a connection: its id and QP.
+    struct End {
+        id: CmId,
+        qp: Option<QueuePair>,
+    }
+
+    /// Makes `n` connections to a listener, all ids on one channel and all
+    /// QPs in one PD and CQ, driven by events as a server would be; checks
+    /// the counts while they live (and each QP's known state against the
+    /// device), then disconnects them from the client side and drops all.
+    fn round(env: &Env, n: usize) -> Result<(), Failed> {
+        let dev = env.ctx.name();
+        let before = counts(dev)?;
+        let ip = cm_addr(env)?;
+        let ch = EventChannel::new()?;
+        let listener = ch.create_id(PortSpace::Tcp)?;
+        listener.bind(SocketAddr::new(ip, 0))?;
+        listener.listen(u32::try_from(n).unwrap_or(u32::MAX))?;
+        let to = listener.local_addr().ok_or("no listener address")?;
+        let mut clients: HashMap<u64, End> = HashMap::new();
+        let mut servers: HashMap<u64, End> = HashMap::new();
+        for _ in 0..n {
+            let id = ch.create_id(PortSpace::Tcp)?;
+            id.resolve_addr(None, to, Duration::from_secs(5))?;
+            clients.insert(id.key(), End { id, qp: None });
+        }
+        let mut verbs: Option<(ProtectionDomain, CompletionQueue)> = None;
+        let mut up = (0, 0);
+        let start = Instant::now();
+        let limit = deadline() * 3;
+        let qp_on = |id: &CmId, verbs: &mut Option<(ProtectionDomain, CompletionQueue)>| -> Result<QueuePair, Failed> {
+            if verbs.is_none() {
+                let ctx = id.context()?;
+                let pd = ctx.alloc_pd()?;
+                let cq = ctx.create_cq(4 * 256)?;
+                *verbs = Some((pd, cq));
+            }
+            let (pd, cq) = verbs.as_ref().ok_or("no PD")?;
+            Ok(id.create_qp(pd, &QpInitAttr::new(QpType::Rc, cq, cq))?)
+        };
+        while up != (n, n) {
+            ensure!(start.elapsed() < limit, "{up:?} of {n} connections up after {limit:?}");
+            let Some(mut ev) = ch.get_event_timeout(Duration::from_millis(200))? else {
+                continue;
+            };
+            ensure!(ev.status() == 0 || ev.kind() == CmEventKind::Rejected, "event {ev:?}");
+            match ev.kind() {
+                CmEventKind::AddrResolved => {
+                    let c = clients.get(&ev.id_key()).ok_or("address of an unknown id")?;
+                    c.id.resolve_route(Duration::from_secs(5))?;
+                }
+                CmEventKind::RouteResolved => {
+                    let c = clients.get_mut(&ev.id_key()).ok_or("route of an unknown id")?;
+                    let qp = qp_on(&c.id, &mut verbs)?;
+                    c.qp = Some(qp);
+                    c.id.connect(&ConnParam::new())?;
+                }
+                CmEventKind::ConnectRequest => {
+                    let id = ev.take_request().ok_or("no new id")?;
+                    let qp = qp_on(&id, &mut verbs)?;
+                    id.accept(&ConnParam::new())?;
+                    ensure!(qp.state() == QpState::Rts, "server QP in {} after accept", qp.state());
+                    servers.insert(id.key(), End { id, qp: Some(qp) });
+                }
+                CmEventKind::Established if clients.contains_key(&ev.id_key()) => {
+                    let qp = clients[&ev.id_key()].qp.as_ref().ok_or("client without QP")?;
+                    ensure!(
+                        qp.state() == QpState::Rts && qp.query_state()? == QpState::Rts,
+                        "client QP known {} after ESTABLISHED",
+                        qp.state()
+                    );
+                    up.0 += 1;
+                }
+                CmEventKind::Established => up.1 += 1,
+                other => return Err(format!("unexpected {other} while connecting: {ev:?}").into()),
+            }
+        }
+        let live = counts(dev)?;
+        for (key, want) in [("qp", 2 * n), ("cm_id", 2 * n + 1)] {
+            if live.contains_key(key) {
+                ensure!(
+                    delta(&before, &live, key) == want as i64,
+                    "{key}: {} -> {} with {n} connections",
+                    before[key],
+                    live[key]
+                );
+            }
+        }
+        // Tear down from the client side; each server disconnects when told.
+        for c in clients.values() {
+            c.id.disconnect()?;
+            ensure!(
+                c.qp.as_ref().map(QueuePair::state) == Some(QpState::Err),
+                "client QP not in ERR after rdma_disconnect"
+            );
+        }
+        let mut down = (0, 0);
+        let start = Instant::now();
+        while down != (n, n) {
+            ensure!(start.elapsed() < limit, "{down:?} of {n} disconnected after {limit:?}");
+            let Some(ev) = ch.get_event_timeout(Duration::from_millis(200))? else {
+                continue;
+            };
+            match ev.kind() {
+                CmEventKind::Disconnected if servers.contains_key(&ev.id_key()) => {
+                    let s = &servers[&ev.id_key()];
+                    s.id.disconnect()?;
+                    ensure!(
+                        s.qp.as_ref().map(QueuePair::state) == Some(QpState::Err),
+                        "server QP not in ERR after rdma_disconnect"
+                    );
+                    down.1 += 1;
+                }
+                CmEventKind::Disconnected => down.0 += 1,
+                CmEventKind::TimewaitExit => {}
+                other => return Err(format!("unexpected {other} while disconnecting").into()),
+            }
+        }
+        // Drop in a mixed order: ids before their QPs on one side, after on the other.
+        for (_, mut s) in servers {
+            drop(s.qp.take());
+            drop(s.id);
+        }
+        for (_, c) in clients {
+            drop(c.id);
+            drop(c.qp);
+        }
+        drop(verbs);
+        drop(listener);
+        drop(ch);
+        Ok(())
+    }
+
+    pub fn listener_accepts_100(env: &Env) -> Result<(), Failed> {
+        let dev = env.ctx.name();
+        // librdmacm opens its own context of the device the first time, and
+        // keeps it for the life of the process (with a PD of its own that it
+        // lets go only when its last id goes): the baseline is taken after
+        // one connection made and torn down.
+        round(env, 1)?;
+        let base = counts(dev)?;
+        let start = Instant::now();
+        round(env, 100)?;
+        let took = start.elapsed();
+        let now = counts(dev)?;
+        ensure!(now == base, "after 100 connections: {now:?} != baseline {base:?}");
+        eprintln!("leaks: 100 CM connections up and down in {took:?}, counts back at {base:?}");
+        Ok(())
+    }
 }

@@ -178,6 +178,30 @@ pub fn connect(
     Ok(())
 }
 
+/// The IPv4 address of the test port, for the connection manager: its
+/// IPv4-mapped RoCE GID, or `RDMA_VERBS_CM_ADDR`.
+pub fn cm_addr(env: &Env) -> Result<std::net::IpAddr, Failed> {
+    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
+        return a
+            .parse()
+            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
+    }
+    env.ctx
+        .gid_table()?
+        .iter()
+        .filter(|e| e.port == u32::from(env.port))
+        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
+        .map(std::net::IpAddr::V4)
+        .ok_or_else(|| {
+            format!(
+                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
+                env.port,
+                env.ctx.name()
+            )
+            .into()
+        })
+}
+
 /// Polls `cq` until exactly `n` completions arrived (or [`deadline`] passed).
 pub fn poll_n(
     cq: &rdma_verbs::CompletionQueue,

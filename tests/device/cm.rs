@@ -13,7 +13,7 @@ use rdma_verbs::{
     QueuePair,
 };
 
-use crate::common::{deadline, poll_n, Env, TestFn};
+use crate::common::{cm_addr, deadline, poll_n, Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     (
@@ -32,30 +32,6 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("cm::untaken_request_is_rejected", untaken_request),
     ("cm::non_blocking_reads", non_blocking_reads),
 ];
-
-/// The IPv4 address of the test port (its IPv4-mapped RoCE GID), or
-/// `RDMA_VERBS_CM_ADDR`.
-pub fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
-    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
-        return a
-            .parse()
-            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
-    }
-    env.ctx
-        .gid_table()?
-        .iter()
-        .filter(|e| e.port == u32::from(env.port))
-        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
-        .map(IpAddr::V4)
-        .ok_or_else(|| {
-            format!(
-                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
-                env.port,
-                env.ctx.name()
-            )
-            .into()
-        })
-}
 
 fn t() -> Duration {
     deadline()
