@@ -229,7 +229,9 @@ mod cm {
         let mut up = (0, 0);
         let start = Instant::now();
         let limit = deadline() * 3;
-        let qp_on = |id: &CmId, verbs: &mut Option<(ProtectionDomain, CompletionQueue)>| -> Result<QueuePair, Failed> {
+        let qp_on = |id: &CmId,
+                     verbs: &mut Option<(ProtectionDomain, CompletionQueue)>|
+         -> Result<QueuePair, Failed> {
             if verbs.is_none() {
                 let ctx = id.context()?;
                 let pd = ctx.alloc_pd()?;
@@ -240,18 +242,28 @@ mod cm {
             Ok(id.create_qp(pd, &QpInitAttr::new(QpType::Rc, cq, cq))?)
         };
         while up != (n, n) {
-            ensure!(start.elapsed() < limit, "{up:?} of {n} connections up after {limit:?}");
+            ensure!(
+                start.elapsed() < limit,
+                "{up:?} of {n} connections up after {limit:?}"
+            );
             let Some(mut ev) = ch.get_event_timeout(Duration::from_millis(200))? else {
                 continue;
             };
-            ensure!(ev.status() == 0 || ev.kind() == CmEventKind::Rejected, "event {ev:?}");
+            ensure!(
+                ev.status() == 0 || ev.kind() == CmEventKind::Rejected,
+                "event {ev:?}"
+            );
             match ev.kind() {
                 CmEventKind::AddrResolved => {
-                    let c = clients.get(&ev.id_key()).ok_or("address of an unknown id")?;
+                    let c = clients
+                        .get(&ev.id_key())
+                        .ok_or("address of an unknown id")?;
                     c.id.resolve_route(Duration::from_secs(5))?;
                 }
                 CmEventKind::RouteResolved => {
-                    let c = clients.get_mut(&ev.id_key()).ok_or("route of an unknown id")?;
+                    let c = clients
+                        .get_mut(&ev.id_key())
+                        .ok_or("route of an unknown id")?;
                     let qp = qp_on(&c.id, &mut verbs)?;
                     c.qp = Some(qp);
                     c.id.connect(&ConnParam::new())?;
@@ -260,11 +272,18 @@ mod cm {
                     let id = ev.take_request().ok_or("no new id")?;
                     let qp = qp_on(&id, &mut verbs)?;
                     id.accept(&ConnParam::new())?;
-                    ensure!(qp.state() == QpState::Rts, "server QP in {} after accept", qp.state());
+                    ensure!(
+                        qp.state() == QpState::Rts,
+                        "server QP in {} after accept",
+                        qp.state()
+                    );
                     servers.insert(id.key(), End { id, qp: Some(qp) });
                 }
                 CmEventKind::Established if clients.contains_key(&ev.id_key()) => {
-                    let qp = clients[&ev.id_key()].qp.as_ref().ok_or("client without QP")?;
+                    let qp = clients[&ev.id_key()]
+                        .qp
+                        .as_ref()
+                        .ok_or("client without QP")?;
                     ensure!(
                         qp.state() == QpState::Rts && qp.query_state()? == QpState::Rts,
                         "client QP known {} after ESTABLISHED",
@@ -298,7 +317,10 @@ mod cm {
         let mut down = (0, 0);
         let start = Instant::now();
         while down != (n, n) {
-            ensure!(start.elapsed() < limit, "{down:?} of {n} disconnected after {limit:?}");
+            ensure!(
+                start.elapsed() < limit,
+                "{down:?} of {n} disconnected after {limit:?}"
+            );
             let Some(ev) = ch.get_event_timeout(Duration::from_millis(200))? else {
                 continue;
             };
@@ -344,7 +366,10 @@ mod cm {
         round(env, 100)?;
         let took = start.elapsed();
         let now = counts(dev)?;
-        ensure!(now == base, "after 100 connections: {now:?} != baseline {base:?}");
+        ensure!(
+            now == base,
+            "after 100 connections: {now:?} != baseline {base:?}"
+        );
         eprintln!("leaks: 100 CM connections up and down in {took:?}, counts back at {base:?}");
         Ok(())
     }

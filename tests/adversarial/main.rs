@@ -7,6 +7,8 @@
 #[macro_use]
 mod common;
 
+#[cfg(feature = "cm")]
+mod cm;
 mod data;
 mod gid;
 
@@ -14,5 +16,7 @@ fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(cm::TESTS);
     common::run("adversarial", &tests)
 }
