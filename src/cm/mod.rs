@@ -23,9 +23,9 @@
 //! its listener.
 //!
 //! The device context of an id is the one librdmacm opened for the device
-//! the address resolved to: [`CmId::context`] wraps it in a [`Context`],
+//! the address resolved to: [`CmId::context`] wraps it in a [`Context`](crate::Context),
 //! the same one for every id on that device, from which PDs, CQs and MRs
-//! are made as usual. A PD of a context opened with [`Context::open`] is
+//! are made as usual. A PD of a context opened with [`Context::open`](crate::Context::open) is
 //! refused by [`CmId::create_qp`] with a typed error, as librdmacm would
 //! refuse it with `EINVAL`.
 //!
