@@ -487,6 +487,45 @@ impl CmId {
         Ok(QpAttr::from_raw(attr, mask))
     }
 
+    /// [`init_qp_attr`](Self::init_qp_attr) for moving `qp` from its known
+    /// state to `to`, keeping only the attributes that transition takes for
+    /// `qp`'s type (per [`transition_rule`](crate::qp::transition_rule)).
+    ///
+    /// The CM hands out attributes for the id's own QP type (RC for
+    /// `RDMA_PS_TCP`); this lets a UC QP of the program's own ride on an
+    /// `RDMA_PS_TCP` id: the RC-only ones (`IBV_QP_MAX_DEST_RD_ATOMIC`,
+    /// `IBV_QP_MIN_RNR_TIMER`, `IBV_QP_TIMEOUT`, the retry counts,
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`) are left out. Whatever is still missing
+    /// is reported by [`QueuePair::modify`]. Both peers must then use UC QPs:
+    /// the CM's messages say RC.
+    ///
+    /// ```no_run
+    /// # fn f(id: &rdma_verbs::cm::CmId, uc: &mut rdma_verbs::QueuePair) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::QpState;
+    /// for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+    ///     let attr = id.init_qp_attr_for(uc, to)?;
+    ///     uc.modify(&attr)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "rdma_init_qp_attr")]
+    pub fn init_qp_attr_for(&self, qp: &QueuePair, to: QpState) -> Result<QpAttr> {
+        let attr = self.init_qp_attr(to)?;
+        let from = qp.state();
+        let rule = crate::qp::transition_rule(qp.qp_type(), from, to).ok_or_else(|| {
+            Error::invalid(
+                "rdma_init_qp_attr",
+                format!(
+                    "{} QPs cannot go from {} to {}",
+                    qp.qp_type().short_name(),
+                    from.short_name(),
+                    to.short_name()
+                ),
+            )
+        })?;
+        Ok(attr.retain(rule.required | rule.optional))
+    }
+
     fn conn_raw(
         &self,
         verb: &'static str,

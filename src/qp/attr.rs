@@ -56,6 +56,13 @@ impl QpAttr {
         &self.raw
     }
 
+    /// The same set with only the attributes in `keep` (and the state).
+    #[cfg(feature = "cm")]
+    pub(crate) fn retain(mut self, keep: QpAttrMask) -> Self {
+        self.mask &= keep | QpAttrMask::STATE;
+        self
+    }
+
     /// A set read back from C (`rdma_init_qp_attr`): every bit the mask
     /// holds is kept, known or not, so that the validator sees all of them.
     #[cfg(feature = "cm")]

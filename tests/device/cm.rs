@@ -25,6 +25,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("cm::connect_to_a_port_nobody_listens_on", no_listener),
     ("cm::unreachable_address_times_out", unreachable_address),
     ("cm::own_qps_moved_with_init_qp_attr", own_qps),
+    ("cm::uc_own_qps_on_a_tcp_id", uc_own_qps),
     ("cm::ud_connect_and_datagram", ud_connect),
     ("cm::multicast_join_send_leave", multicast),
     ("cm::checks_before_any_call", checks_before_any_call),
@@ -371,6 +372,55 @@ fn own_qps(env: &Env) -> Result<(), Failed> {
     client.disconnect()?;
     state_is(&c.qp, QpState::Rts, "own client QP after rdma_disconnect")?;
     expect_for(&sch, CmEventKind::Disconnected, &server)?;
+    Ok(())
+}
+
+fn uc_own_qps(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
+    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let uc = |ctx: &Context| -> Result<Side, Failed> {
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(64)?;
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Uc, &cq, &cq))?;
+        Ok(Side { pd, cq, qp })
+    };
+    let mut c = uc(&client.context()?)?;
+    // The CM's RC attributes as they are: the validator names what UC refuses.
+    let init = client.init_qp_attr(QpState::Init)?;
+    c.qp.modify(&init)?;
+    let e = c.qp.modify(&client.init_qp_attr(QpState::Rtr)?);
+    ensure!(
+        e.is_err(),
+        "UC RTR with the CM's RC attributes accepted before connecting"
+    );
+    client.connect(&ConnParam::new().qp_num(c.qp.qp_num()))?;
+    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
+    let server = req.take_request().ok_or("no new id")?;
+    drop(req);
+    let mut s = uc(&server.context()?)?;
+    let rtr = server.init_qp_attr(QpState::Rtr)?;
+    s.qp.modify(&server.init_qp_attr_for(&s.qp, QpState::Init)?)?;
+    let refused = s.qp.modify(&rtr).unwrap_err().to_string();
+    ensure!(
+        refused.contains("UC INIT->RTR") && refused.contains("IBV_QP_MAX_DEST_RD_ATOMIC"),
+        "{refused}"
+    );
+    for st in [QpState::Rtr, QpState::Rts] {
+        s.qp.modify(&server.init_qp_attr_for(&s.qp, st)?)?;
+        state_is(&s.qp, st, "own UC server QP")?;
+    }
+    server.accept(&ConnParam::new().qp_num(s.qp.qp_num()))?;
+    expect_for(&cch, CmEventKind::ConnectResponse, &client)?;
+    for st in [QpState::Rtr, QpState::Rts] {
+        c.qp.modify(&client.init_qp_attr_for(&c.qp, st)?)?;
+        state_is(&c.qp, st, "own UC client QP")?;
+    }
+    client.establish()?;
+    expect_for(&sch, CmEventKind::Established, &server)?;
+    ping(&mut c, &mut s, b"UC over the CM")?;
+    ping(&mut s, &mut c, b"and back")?;
     Ok(())
 }
 
