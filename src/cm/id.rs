@@ -166,22 +166,20 @@ impl IdInner {
         }
         {
             let _guard = self.chan.lock();
-            if let Some(link) = self
-                .link
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-            {
+            // Groups first, while `id->qp` still names the QP: librdmacm
+            // detaches it from each group. The lock is held (librdmacm reads
+            // `id->qp`); the wait inside for the group's acknowledgements
+            // ends at once: every read event holds this id, and this is its
+            // last handle, and unread ones the kernel drops with the group.
+            let groups = std::mem::take(self.groups.get_mut().unwrap_or_else(|e| e.into_inner()));
+            for g in groups {
+                let mut addr = RawAddr::new(g.addr);
+                // SAFETY: the id is live; `addr` is valid for the call (see above).
+                unsafe { sys::rdma_leave_multicast(self.raw.as_ptr(), addr.as_ptr()) };
+            }
+            if let Some(link) = self.link.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
                 link.detach_locked();
             }
-        }
-        let groups = std::mem::take(self.groups.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for g in groups {
-            let mut addr = RawAddr::new(g.addr);
-            // SAFETY: the id is live; no event of the group is held (every
-            // event holds the id, and this is its last handle), so the wait
-            // inside for acknowledgements ends.
-            unsafe { sys::rdma_leave_multicast(self.raw.as_ptr(), addr.as_ptr()) };
         }
         // SAFETY: the id is live and destroyed once, here. No event of it is
         // held (each holds the id), so the wait for acknowledgements inside
