@@ -295,6 +295,13 @@ impl CmEvent {
         self.raw().status
     }
 
+    /// The reject reason of a [`CmEventKind::Rejected`] event (the IB CM's:
+    /// 28 for a consumer reject, 8 for an invalid service id, i.e. nobody
+    /// listening); `None` for other events.
+    pub fn reject_reason(&self) -> Option<i32> {
+        (self.kind == CmEventKind::Rejected).then(|| self.status())
+    }
+
     /// Whether the event is for `id` (for a connection request: whether
     /// `id` is the listener it came to).
     pub fn is_for(&self, id: &CmId) -> bool {

@@ -177,7 +177,12 @@ impl IdInner {
                 // SAFETY: the id is live; `addr` is valid for the call (see above).
                 unsafe { sys::rdma_leave_multicast(self.raw.as_ptr(), addr.as_ptr()) };
             }
-            if let Some(link) = self.link.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(link) = self
+                .link
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
                 link.detach_locked();
             }
         }
