@@ -268,7 +268,17 @@ impl CmEvent {
         } else {
             None
         };
-        id.refresh_qp_locked();
+        // What librdmacm did to the id's QP while it read the event: on a
+        // connect response it moved the active side's QP to RTR and RTS
+        // (ESTABLISHED), or tried to move it to ERR (CONNECT_ERROR); on a
+        // reject it moved it to ERR. Nothing for the other events.
+        match kind {
+            CmEventKind::Established if id.is_active() && id.ps().is_connected() => {
+                id.qp_moved_locked(crate::qp::QpState::Rts)
+            }
+            CmEventKind::ConnectError | CmEventKind::Rejected => id.refresh_qp_locked(),
+            _ => {}
+        }
         Some(CmEvent {
             raw,
             kind,

@@ -32,6 +32,19 @@ c_enum! {
     }
 }
 
+/// What a librdmacm call does to the id's QP when it succeeds (on failure
+/// the QP's state is read from the device: librdmacm may have moved it part
+/// of the way).
+#[derive(Clone, Copy)]
+enum After {
+    /// Nothing.
+    Unchanged,
+    /// Moves it to this state (`rdma_accept`: RTR, then RTS).
+    To(QpState),
+    /// `rdma_disconnect`: ERR on InfiniBand/RoCE, SQD on iWARP.
+    Disconnect,
+}
+
 /// Numbers ids and multicast joins, for [`CmId::key`] and join contexts.
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 static NEXT_GROUP: AtomicUsize = AtomicUsize::new(1);
@@ -60,6 +73,9 @@ pub(crate) struct IdInner {
     ctx: OnceLock<Context>,
     /// Set once `destroy` has run (successfully or not).
     destroyed: bool,
+    /// Set by `connect`: librdmacm moves this side's QP when the connect
+    /// response arrives.
+    active: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: librdmacm's calls on the id run under the channel's lock (see
@@ -93,6 +109,7 @@ impl IdInner {
             groups: Mutex::new(Vec::new()),
             ctx: OnceLock::new(),
             destroyed: false,
+            active: std::sync::atomic::AtomicBool::new(false),
         });
         // SAFETY: `raw` is live and ours; the caller holds the lock if needed.
         unsafe { (*raw.as_ptr()).context = inner.weak as *mut c_void };
@@ -136,6 +153,19 @@ impl IdInner {
         if let Some(link) = self.link.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             link.refresh();
         }
+    }
+
+    /// Records that librdmacm moved the id's QP to `state`. Call with the
+    /// channel's lock held.
+    pub(crate) fn qp_moved_locked(&self, state: QpState) {
+        if let Some(link) = self.link.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            link.moved(state);
+        }
+    }
+
+    /// Whether the id called `rdma_connect` (the active side).
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
     }
 
     /// Counts a multicast event of the join `token`; false if no such join.
@@ -274,16 +304,28 @@ impl CmId {
     }
 
     /// Runs one librdmacm call on the raw id under the channel's lock, then
-    /// brings the known state of the id's QP up to date.
+    /// brings the known state of the id's QP up to date: from what the call
+    /// does when it succeeds (`after`), or from the device when it failed.
     fn call(
         &self,
         verb: &'static str,
+        after: After,
         f: impl FnOnce(*mut sys::rdma_cm_id) -> c_int,
     ) -> Result<()> {
         let _guard = self.inner.chan.lock();
-        let rc = f(self.inner.raw.as_ptr());
-        self.inner.refresh_qp_locked();
-        check_rc(verb, rc).map(|_| ())
+        let raw = self.inner.raw.as_ptr();
+        let r = check_rc(verb, f(raw)).map(|_| ());
+        match (r.is_ok(), after) {
+            (true, After::Unchanged) => {}
+            (true, After::To(state)) => self.inner.qp_moved_locked(state),
+            // SAFETY: the id is live and on a device (`disconnect` checks);
+            // the lock is held.
+            (true, After::Disconnect) if unsafe { ib_transport(raw) } => {
+                self.inner.qp_moved_locked(QpState::Err)
+            }
+            _ => self.inner.refresh_qp_locked(),
+        }
+        r
     }
 
     /// Reads the raw id under the channel's lock.
@@ -300,7 +342,7 @@ impl CmId {
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
         let mut a = RawAddr::new(addr);
         // SAFETY: the id is live; `a` is a valid address for the call.
-        self.call("rdma_bind_addr", |id| unsafe {
+        self.call("rdma_bind_addr", After::Unchanged, |id| unsafe {
             sys::rdma_bind_addr(id, a.as_ptr())
         })
     }
@@ -321,7 +363,7 @@ impl CmId {
         let mut dst = RawAddr::new(dst);
         let src_ptr = src.as_mut().map_or(std::ptr::null_mut(), RawAddr::as_ptr);
         // SAFETY: the id is live; the addresses are valid for the call.
-        self.call("rdma_resolve_addr", |id| unsafe {
+        self.call("rdma_resolve_addr", After::Unchanged, |id| unsafe {
             sys::rdma_resolve_addr(id, src_ptr, dst.as_ptr(), ms)
         })
     }
@@ -336,7 +378,7 @@ impl CmId {
             return Err(not_on_a_device("rdma_resolve_route"));
         }
         // SAFETY: the id is live and has a device (librdmacm reads `verbs`).
-        self.call("rdma_resolve_route", |id| unsafe {
+        self.call("rdma_resolve_route", After::Unchanged, |id| unsafe {
             sys::rdma_resolve_route(id, ms)
         })
     }
@@ -347,7 +389,9 @@ impl CmId {
     pub fn listen(&self, backlog: u32) -> Result<()> {
         let backlog = c_int::try_from(backlog).unwrap_or(c_int::MAX);
         // SAFETY: the id is live.
-        self.call("rdma_listen", |id| unsafe { sys::rdma_listen(id, backlog) })
+        self.call("rdma_listen", After::Unchanged, |id| unsafe {
+            sys::rdma_listen(id, backlog)
+        })
     }
 
     /// The device context the id is on, once bound or resolved: the one
@@ -447,7 +491,16 @@ impl CmId {
             errno: libc::EINVAL,
         })?;
         let (link, shared) = QpLink::new(self.inner.chan.clone(), raw_id, qp_ptr);
-        shared.refresh();
+        // librdmacm took a UD QP to RTS (`ucma_init_ud_qp`), a connected
+        // one to INIT (`ucma_init_conn_qp`), on the id's port.
+        // SAFETY: the id is live; the lock is held.
+        let port = unsafe { (*raw_id.as_ptr()).port_num };
+        let state = if want == crate::qp::QpType::Ud {
+            QpState::Rts
+        } else {
+            QpState::Init
+        };
+        link.set(state, Some((port != 0).then_some(port)));
         *self.inner.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(shared);
         drop(guard);
         qp.set_link(link);
@@ -484,7 +537,7 @@ impl CmId {
         };
         let mut mask: c_int = 0;
         // SAFETY: the id is live; `attr` and `mask` are valid out-parameters.
-        self.call("rdma_init_qp_attr", |id| unsafe {
+        self.call("rdma_init_qp_attr", After::Unchanged, |id| unsafe {
             sys::rdma_init_qp_attr(id, &mut attr, &mut mask)
         })?;
         Ok(QpAttr::from_raw(attr, mask))
@@ -555,9 +608,10 @@ impl CmId {
             return Err(not_on_a_device("rdma_connect"));
         }
         let mut p = self.conn_raw("rdma_connect", PrivateDataOp::Connect, param)?;
+        self.inner.active.store(true, Ordering::Release);
         // SAFETY: the id is live; `p` and the private data it points to
         // (borrowed from `param`) are valid for the call.
-        self.call("rdma_connect", |id| unsafe {
+        self.call("rdma_connect", After::Unchanged, |id| unsafe {
             sys::rdma_connect(id, &mut p)
         })
     }
@@ -567,8 +621,15 @@ impl CmId {
     #[doc(alias = "rdma_accept")]
     pub fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
         let mut p = self.conn_raw("rdma_accept", PrivateDataOp::Accept, param)?;
+        let after = if self.inner.ps.is_connected() {
+            After::To(QpState::Rts)
+        } else {
+            After::Unchanged
+        };
         // SAFETY: as in `connect`.
-        self.call("rdma_accept", |id| unsafe { sys::rdma_accept(id, &mut p) })
+        self.call("rdma_accept", after, |id| unsafe {
+            sys::rdma_accept(id, &mut p)
+        })
     }
 
     /// Rejects a connection request (`rdma_reject`), with private data for
@@ -593,7 +654,7 @@ impl CmId {
         };
         let len = private_data.len() as u8;
         // SAFETY: the id is live; `ptr` points to `len` readable bytes (or is NULL).
-        self.call("rdma_reject", |id| unsafe {
+        self.call("rdma_reject", After::Unchanged, |id| unsafe {
             sys::rdma_reject(id, ptr, len)
         })
     }
@@ -611,7 +672,9 @@ impl CmId {
             ));
         }
         // SAFETY: the id is live.
-        self.call("rdma_establish", |id| unsafe { sys::rdma_establish(id) })
+        self.call("rdma_establish", After::Unchanged, |id| unsafe {
+            sys::rdma_establish(id)
+        })
     }
 
     /// Disconnects (`rdma_disconnect`): a CM QP goes to ERR (its
@@ -623,7 +686,9 @@ impl CmId {
             return Err(not_on_a_device("rdma_disconnect"));
         }
         // SAFETY: the id is live and on a device.
-        self.call("rdma_disconnect", |id| unsafe { sys::rdma_disconnect(id) })
+        self.call("rdma_disconnect", After::Disconnect, |id| unsafe {
+            sys::rdma_disconnect(id)
+        })
     }
 
     /// Joins the multicast group `addr` as a full member: a
@@ -675,7 +740,7 @@ impl CmId {
         };
         // SAFETY: the id is live; `attr` and the address it points to are
         // valid for the call; `token` is only handed back, never dereferenced.
-        let r = self.call(VERB, |id| unsafe {
+        let r = self.call(VERB, After::Unchanged, |id| unsafe {
             sys::rdma_join_multicast_ex(id, &mut attr, token as *mut c_void)
         });
         if r.is_err() {
@@ -717,7 +782,7 @@ impl CmId {
         // librdmacm detaches the id's QP (under the lock, like every reader
         // of `id->qp`), then waits for the group's events, none held here.
         // SAFETY: the id is live; `a` is a valid address for the call.
-        self.call(VERB, |id| unsafe {
+        self.call(VERB, After::Unchanged, |id| unsafe {
             sys::rdma_leave_multicast(id, a.as_ptr())
         })
     }
@@ -737,6 +802,19 @@ impl CmId {
                 users: Arc::strong_count(&arc) - 1,
             }),
         }
+    }
+}
+
+/// Whether the id's device is InfiniBand/RoCE (not iWARP).
+///
+/// # Safety
+/// `raw` is a live id on a device (`verbs` set), read under the channel's lock.
+unsafe fn ib_transport(raw: *mut sys::rdma_cm_id) -> bool {
+    // SAFETY: per the caller, `verbs` and its device are live.
+    unsafe {
+        let verbs = (*raw).verbs;
+        !verbs.is_null()
+            && (*(*verbs).device).transport_type == sys::ibv_transport_type::IBV_TRANSPORT_IB
     }
 }
 

@@ -73,6 +73,14 @@ impl LinkShared {
         // reports the failure to whoever asks.
     }
 
+    /// Records a move librdmacm made (it succeeded) while the QP lives.
+    /// Call with the channel's lock held.
+    pub(crate) fn moved(&self, state: QpState) {
+        if !self.id.load(Ordering::Acquire).is_null() {
+            self.set_state(state);
+        }
+    }
+
     fn set_state(&self, state: QpState) {
         self.state.store(state.as_raw() as u8, Ordering::Release);
     }

@@ -37,8 +37,12 @@
 //!   (to INIT at creation, or all the way to RTS for UD; to RTR and RTS on
 //!   [`accept`](CmId::accept) or when the connect response arrives; to ERR
 //!   on a reject and on [`disconnect`](CmId::disconnect)). The QP's
-//!   [`state`](crate::QueuePair::state) follows each move: it is read from
-//!   the device after every call or event that may have made one.
+//!   [`state`](crate::QueuePair::state) follows each move before the call
+//!   or event that made it returns: from what librdmacm did when its
+//!   modifies succeeded (no extra call), and read from the device when a
+//!   call failed part-way or librdmacm's own move to ERR may have (a
+//!   reject, a connect error). A UC QP of the program's own can ride on a
+//!   `RDMA_PS_TCP` id with [`CmId::init_qp_attr_for`].
 //! * A QP of the program's own, moved through the crate's validated
 //!   [`modify`](crate::QueuePair::modify) with the attributes
 //!   [`CmId::init_qp_attr`] reads from the CM, and named in the connection
