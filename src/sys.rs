@@ -7,6 +7,10 @@
 //! `ibv_wr_*` family, ...) are callable too: the build script compiles a C
 //! wrapper for each of them and links it in.
 //!
+//! With the `cm` feature (on by default) librdmacm's `rdma/rdma_cma.h` is
+//! here too: `rdma_create_id`, `rdma_get_cm_event`, `struct rdma_cm_id`,
+//! `rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED`, `RDMA_UDP_QKEY`, ...
+//!
 //! Conventions:
 //! * flag enums (`ibv_access_flags`, `ibv_qp_attr_mask`, `ibv_send_flags`, ...)
 //!   are bitfield newtypes: `ibv_access_flags::IBV_ACCESS_LOCAL_WRITE`;

@@ -63,6 +63,17 @@ fn qp(id: &CmId, v: &Verbs) -> Result<QueuePair, Failed> {
     Ok(id.create_qp(&v.pd, &QpInitAttr::new(QpType::Rc, &v.cq, &v.cq))?)
 }
 
+/// A channel and an id bound to the test port's address (any free port),
+/// with that address.
+fn bound(env: &Env) -> Result<(EventChannel, CmId, SocketAddr), Failed> {
+    let ip = cm_addr(env)?;
+    let ch = EventChannel::new()?;
+    let l = ch.create_id(PortSpace::Tcp)?;
+    l.bind(SocketAddr::new(ip, 0))?;
+    let to = l.local_addr().ok_or("no address")?;
+    Ok((ch, l, to))
+}
+
 /// A listener and a client with its route resolved, on one channel each.
 fn setup(env: &Env) -> Result<(EventChannel, CmId, EventChannel, CmId), Failed> {
     let ip = cm_addr(env)?;
@@ -186,11 +197,7 @@ fn client_gone_before_accept(env: &Env) -> Result<(), Failed> {
 /// Four threads read one channel while 40 ids resolve: each event comes to
 /// exactly one of them.
 fn events_come_once(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let ch = EventChannel::new()?;
-    let l = ch.create_id(PortSpace::Tcp)?;
-    l.bind(SocketAddr::new(ip, 0))?;
-    let to = l.local_addr().ok_or("no address")?;
+    let (ch, _l, to) = bound(env)?;
     let ids: Vec<CmId> = (0..40)
         .map(|_| ch.create_id(PortSpace::Tcp))
         .collect::<Result<_, _>>()?;
@@ -239,12 +246,8 @@ fn events_come_once(env: &Env) -> Result<(), Failed> {
 /// A thread waits on the channel with no timeout; meanwhile this thread
 /// makes ids, resolves, and finally gives the reader its event.
 fn blocked_reader_does_not_block_calls(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let ch = EventChannel::new()?;
-    let l = ch.create_id(PortSpace::Tcp)?;
-    l.bind(SocketAddr::new(ip, 0))?;
+    let (ch, l, to) = bound(env)?;
     l.listen(4)?;
-    let to = l.local_addr().ok_or("no address")?;
     let reader = {
         let ch = ch.clone();
         std::thread::spawn(move || ch.get_event().map(|ev| (ev.kind(), ev.id_key())))
@@ -272,11 +275,7 @@ fn blocked_reader_does_not_block_calls(env: &Env) -> Result<(), Failed> {
 /// An event is moved to another thread, its id is dropped here, the event
 /// is read and dropped there: the id is destroyed after, not before.
 fn event_outlives_id_on_another_thread(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let ch = EventChannel::new()?;
-    let l = ch.create_id(PortSpace::Tcp)?;
-    l.bind(SocketAddr::new(ip, 0))?;
-    let to = l.local_addr().ok_or("no address")?;
+    let (ch, _l, to) = bound(env)?;
     for _ in 0..20 {
         let id = ch.create_id(PortSpace::Tcp)?;
         id.resolve_addr(None, to, Duration::from_secs(2))?;

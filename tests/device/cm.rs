@@ -62,6 +62,38 @@ pub fn resolved(ch: &EventChannel, to: SocketAddr, ps: PortSpace) -> Result<CmId
     Ok(id)
 }
 
+/// A listener on its own channel, and a client id with its route resolved
+/// to it on another.
+struct Setup {
+    sch: EventChannel,
+    cch: EventChannel,
+    listener: CmId,
+    client: CmId,
+}
+
+fn setup(env: &Env, ps: PortSpace) -> Result<Setup, Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    let (listener, addr) = listener(&sch, ip, ps)?;
+    let client = resolved(&cch, addr, ps)?;
+    Ok(Setup {
+        sch,
+        cch,
+        listener,
+        client,
+    })
+}
+
+/// [`setup`], then a client QP and a connect with default parameters, up
+/// to the listener's connection request.
+fn requested(env: &Env) -> Result<(Setup, Side, CmEvent), Failed> {
+    let k = setup(env, PortSpace::Tcp)?;
+    let c = cm_qp(&k.client, QpType::Rc)?;
+    k.client.connect(&ConnParam::new())?;
+    let req = expect_for(&k.sch, CmEventKind::ConnectRequest, &k.listener)?;
+    Ok((k, c, req))
+}
+
 fn expect_for(ch: &EventChannel, kind: CmEventKind, id: &CmId) -> Result<CmEvent, Failed> {
     let ev = ch.expect(kind, t())?;
     ensure!(ev.is_for(id), "{kind} for another id");
@@ -95,6 +127,14 @@ fn cm_qp(id: &CmId, t: QpType) -> Result<Side, Failed> {
     Ok(Side { pd, cq, qp })
 }
 
+/// A QP of the program's own (not the CM's) on `ctx`.
+fn own_qp(ctx: &Context, t: QpType) -> Result<Side, Failed> {
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(64)?;
+    let qp = pd.create_qp(&QpInitAttr::new(t, &cq, &cq))?;
+    Ok(Side { pd, cq, qp })
+}
+
 /// Client and server connected through the CM with CM QPs; returns
 /// (server channel, client channel, listener, server id, client id, sides).
 struct Conn {
@@ -108,10 +148,12 @@ struct Conn {
 }
 
 fn connected(env: &Env) -> Result<Conn, Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
-    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let Setup {
+        sch,
+        cch,
+        listener,
+        client,
+    } = setup(env, PortSpace::Tcp)?;
     let c = cm_qp(&client, QpType::Rc)?;
     state_is(&c.qp, QpState::Init, "client QP after rdma_create_qp")?;
     client.connect(
@@ -231,13 +273,7 @@ fn server_disconnects_first(env: &Env) -> Result<(), Failed> {
 }
 
 fn reject_with_private_data(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
-    let client = resolved(&cch, addr, PortSpace::Tcp)?;
-    let c = cm_qp(&client, QpType::Rc)?;
-    client.connect(&ConnParam::new())?;
-    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
+    let (Setup { cch, client, .. }, c, mut req) = requested(env)?;
     let server = req.take_request().ok_or("no new id")?;
     ensure!(
         matches!(
@@ -323,18 +359,14 @@ fn unreachable_address(env: &Env) -> Result<(), Failed> {
 }
 
 fn own_qps(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
-    let client = resolved(&cch, addr, PortSpace::Tcp)?;
+    let Setup {
+        sch,
+        cch,
+        listener,
+        client,
+    } = setup(env, PortSpace::Tcp)?;
     let cctx = client.context()?;
-    let own = |ctx: &Context| -> Result<Side, Failed> {
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(64)?;
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq))?;
-        Ok(Side { pd, cq, qp })
-    };
-    let mut c = own(&cctx)?;
+    let mut c = own_qp(&cctx, QpType::Rc)?;
     c.qp.modify(&client.init_qp_attr(QpState::Init)?)?;
     state_is(&c.qp, QpState::Init, "own client QP")?;
     // The CM has no RTR attributes before the connection exists.
@@ -346,7 +378,7 @@ fn own_qps(env: &Env) -> Result<(), Failed> {
     let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
     let server = req.take_request().ok_or("no new id")?;
     drop(req);
-    let mut s = own(&server.context()?)?;
+    let mut s = own_qp(&server.context()?, QpType::Rc)?;
     for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
         let attr = server.init_qp_attr(st)?;
         s.qp.modify(&attr)?;
@@ -376,17 +408,13 @@ fn own_qps(env: &Env) -> Result<(), Failed> {
 }
 
 fn uc_own_qps(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
-    let client = resolved(&cch, addr, PortSpace::Tcp)?;
-    let uc = |ctx: &Context| -> Result<Side, Failed> {
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(64)?;
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::Uc, &cq, &cq))?;
-        Ok(Side { pd, cq, qp })
-    };
-    let mut c = uc(&client.context()?)?;
+    let Setup {
+        sch,
+        cch,
+        listener,
+        client,
+    } = setup(env, PortSpace::Tcp)?;
+    let mut c = own_qp(&client.context()?, QpType::Uc)?;
     // The CM's RC attributes as they are: the validator names what UC refuses.
     let init = client.init_qp_attr(QpState::Init)?;
     c.qp.modify(&init)?;
@@ -399,7 +427,7 @@ fn uc_own_qps(env: &Env) -> Result<(), Failed> {
     let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
     let server = req.take_request().ok_or("no new id")?;
     drop(req);
-    let mut s = uc(&server.context()?)?;
+    let mut s = own_qp(&server.context()?, QpType::Uc)?;
     let rtr = server.init_qp_attr(QpState::Rtr)?;
     s.qp.modify(&server.init_qp_attr_for(&s.qp, QpState::Init)?)?;
     let refused = s.qp.modify(&rtr).unwrap_err().to_string();
@@ -425,10 +453,12 @@ fn uc_own_qps(env: &Env) -> Result<(), Failed> {
 }
 
 fn ud_connect(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    let (listener, addr) = listener(&sch, ip, PortSpace::Udp)?;
-    let client = resolved(&cch, addr, PortSpace::Udp)?;
+    let Setup {
+        sch,
+        cch,
+        listener,
+        client,
+    } = setup(env, PortSpace::Udp)?;
     let mut c = cm_qp(&client, QpType::Ud)?;
     state_is(&c.qp, QpState::Rts, "UD client QP after rdma_create_qp")?;
     ensure!(
@@ -628,14 +658,9 @@ fn held_event_keeps_its_id(env: &Env) -> Result<(), Failed> {
 }
 
 fn untaken_request(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    let (listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;
-    let client = resolved(&cch, addr, PortSpace::Tcp)?;
-    let c = cm_qp(&client, QpType::Rc)?;
-    client.connect(&ConnParam::new())?;
+    let (Setup { cch, .. }, c, req) = requested(env)?;
     // Dropped without taking the new id: the kernel rejects.
-    drop(expect_for(&sch, CmEventKind::ConnectRequest, &listener)?);
+    drop(req);
     let ev = cch
         .get_event_timeout(t())?
         .ok_or("no answer to the dropped request")?;
