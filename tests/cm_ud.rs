@@ -1,0 +1,634 @@
+//! The `udaddy` and `mckey` examples against rdma-core's C programs, over
+//! the connection manager on the test port's IPv4 address.
+//!
+//! For each program: Rust server (receiver) with C client (sender), C with
+//! Rust, and Rust with Rust, once with the default options and once with
+//! other counts and sizes (and more connections, or a send-only join).
+//! Both processes must exit 0 with exactly the C program's output lines and
+//! nothing on stderr; a receiver prints "data transfers complete" only
+//! after a completion for every datagram it expected, and the port's
+//! packet counters (where the device has them, as soft-RoCE does) must have
+//! counted at least those datagrams. Then bad command lines (unknown
+//! options, missing arguments, impossible sizes and counts, unknown port
+//! spaces, `mckey -l` on soft-RoCE) must give the C program's output and
+//! exit status, byte for byte.
+//!
+//! Needs the device (see `tests/common`), its IPv4 address (the port's
+//! IPv4-mapped GID, or `RDMA_VERBS_CM_ADDR`), the C programs (`udaddy`,
+//! `mckey` from rdma-core's rdmacm-utils) and the `rdma` tool (iproute2),
+//! whose `rdma resource show cm_id` says when a server listens or a
+//! receiver has resolved its group. Without a device the tests are
+//! reported as ignored; with one but without the programs they fail.
+//! udaddy always uses port 7174, so the tests run one at a time.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use std::io::Read;
+use std::net::IpAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::Failed;
+use rdma_verbs::LinkLayer;
+
+use common::{Env, TestFn};
+
+/// Which program plays a role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    C,
+    Rust,
+}
+use Side::{Rust, C};
+
+const TESTS: &[(&str, TestFn)] = &[
+    ("udaddy::rust_server_c_client", |e| {
+        udaddy(e, Rust, C, false)
+    }),
+    ("udaddy::c_server_rust_client", |e| {
+        udaddy(e, C, Rust, false)
+    }),
+    ("udaddy::rust_server_rust_client", |e| {
+        udaddy(e, Rust, Rust, false)
+    }),
+    ("udaddy::rust_server_c_client_options", |e| {
+        udaddy(e, Rust, C, true)
+    }),
+    ("udaddy::c_server_rust_client_options", |e| {
+        udaddy(e, C, Rust, true)
+    }),
+    ("udaddy::rust_server_rust_client_options", |e| {
+        udaddy(e, Rust, Rust, true)
+    }),
+    ("udaddy::failing_connection_request", udaddy_rejects),
+    ("udaddy::bad_command_lines", udaddy_bad),
+    ("mckey::rust_receiver_c_sender", |e| {
+        mckey(e, 1, Rust, C, false)
+    }),
+    ("mckey::c_receiver_rust_sender", |e| {
+        mckey(e, 2, C, Rust, false)
+    }),
+    ("mckey::rust_receiver_rust_sender", |e| {
+        mckey(e, 3, Rust, Rust, false)
+    }),
+    ("mckey::rust_receiver_c_sender_options", |e| {
+        mckey(e, 4, Rust, C, true)
+    }),
+    ("mckey::c_receiver_rust_sender_options", |e| {
+        mckey(e, 5, C, Rust, true)
+    }),
+    ("mckey::rust_receiver_rust_sender_options", |e| {
+        mckey(e, 6, Rust, Rust, true)
+    }),
+    ("mckey::bad_command_lines", mckey_bad),
+];
+
+fn main() -> std::process::ExitCode {
+    // udaddy's port is fixed, and the packet counters are the port's: one
+    // run at a time.
+    let mut args = libtest_mimic::Arguments::from_args();
+    args.test_threads = Some(1);
+    common::run_with("cm_ud", TESTS, args)
+}
+
+/// The IPv4 address of the test port (its IPv4-mapped RoCE GID), or
+/// `RDMA_VERBS_CM_ADDR`.
+fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
+    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
+        return a
+            .parse()
+            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
+    }
+    env.ctx
+        .gid_table()?
+        .iter()
+        .filter(|e| e.port == u32::from(env.port))
+        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
+        .map(IpAddr::V4)
+        .ok_or_else(|| {
+            format!(
+                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
+                env.port,
+                env.ctx.name()
+            )
+            .into()
+        })
+}
+
+/// The Rust example, built next to this test by `cargo test`.
+fn rust_example(name: &str) -> Result<PathBuf, Failed> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or("no target dir")?;
+    let path = dir.join("examples").join(name);
+    ensure!(
+        path.exists(),
+        "{} is not built (cargo test builds the examples)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The C program, from PATH.
+fn c_program(name: &str) -> Result<PathBuf, Failed> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+        .ok_or_else(|| format!("{name} not found: install rdma-core's rdmacm-utils").into())
+}
+
+fn program(side: Side, name: &str) -> Result<PathBuf, Failed> {
+    match side {
+        Side::C => c_program(name),
+        Side::Rust => rust_example(name),
+    }
+}
+
+/// Starts `name` (the C program or the example) with `args`, `argv[0]`
+/// being the bare name either way (it appears in the usage text).
+fn spawn(side: Side, name: &str, args: &[String]) -> Result<Child, Failed> {
+    Ok(Command::new(program(side, name)?)
+        .arg0(name)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+/// How a program ended.
+struct Ran {
+    /// The exit status; `None` if it was killed.
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn show(&self) -> String {
+        format!(
+            "exit {:?}\n  stdout: {:?}\n  stderr: {:?}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Waits for `child` up to `limit`, killing it after.
+fn finish(mut child: Child, limit: Duration) -> Result<Ran, Failed> {
+    let start = Instant::now();
+    let code = loop {
+        if let Some(st) = child.try_wait()? {
+            break st.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_string(&mut stdout)?;
+    }
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr)?;
+    }
+    Ok(Ran {
+        code,
+        stdout,
+        stderr,
+    })
+}
+
+/// How long one program may run.
+fn run_limit() -> Duration {
+    common::scaled(Duration::from_secs(60))
+}
+
+/// Waits until `rdma resource show cm_id` lists a CM id of `child`'s for
+/// which `wanted` holds (given the line's words).
+fn wait_for_cm_id(
+    child: &mut Child,
+    what: &str,
+    wanted: impl Fn(&[&str]) -> bool,
+) -> Result<(), Failed> {
+    let pid = child.id().to_string();
+    let (start, limit) = (Instant::now(), common::deadline());
+    let mut pause = Duration::from_millis(10);
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Err(format!("{what}: exited ({st}) before it was ready").into());
+        }
+        let out = Command::new("rdma")
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .map_err(|e| format!("running `rdma resource show cm_id` (iproute2): {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let found = text.lines().any(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.windows(2).any(|w| w == ["pid", pid.as_str()]) && wanted(&words)
+        });
+        if found {
+            return Ok(());
+        }
+        ensure!(
+            start.elapsed() < limit,
+            "{what}: not ready after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine); \
+             `rdma resource show cm_id`:\n{text}"
+        );
+        // Each look runs a process: back off, to leave the machine to the
+        // program being waited for.
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// The port's packet counters (sent, received), where the device has them
+/// (`hw_counters/sent_pkts` and `rcvd_pkts`, as soft-RoCE does).
+fn packets(env: &Env) -> Option<(u64, u64)> {
+    let dir = format!(
+        "/sys/class/infiniband/{}/ports/{}/hw_counters",
+        env.ctx.name(),
+        env.port
+    );
+    let read = |f: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("{dir}/{f}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("sent_pkts")?, read("rcvd_pkts")?))
+}
+
+/// Runs a server (receiver) until `ready` says it is, then the client
+/// (sender); both must end within the limit. Returns both outcomes, the
+/// packets the port sent and received meanwhile, and how long it took.
+#[allow(clippy::type_complexity)]
+fn pair(
+    env: &Env,
+    name: &str,
+    server: (Side, &[String]),
+    client: (Side, &[String]),
+    ready: impl Fn(&[&str]) -> bool,
+) -> Result<(Ran, Ran, Option<(u64, u64)>, String), Failed> {
+    let before = packets(env);
+    let start = Instant::now();
+    let mut srv = spawn(server.0, name, server.1)?;
+    let what = format!("{:?} {name} {:?}", server.0, server.1);
+    if let Err(e) = wait_for_cm_id(&mut srv, &what, ready) {
+        let ran = finish(srv, Duration::ZERO)?;
+        return Err(format!("{}\n{}", e.message().unwrap_or(""), ran.show()).into());
+    }
+    let waited = start.elapsed();
+    let cli = spawn(client.0, name, client.1)?;
+    let c = finish(cli, run_limit())?;
+    let s = finish(srv, run_limit())?;
+    let timing = format!(
+        "server ready after {waited:.1?}, both done after {:.1?}",
+        start.elapsed()
+    );
+    let delta = match (before, packets(env)) {
+        (Some(b), Some(a)) => Some((a.0.saturating_sub(b.0), a.1.saturating_sub(b.1))),
+        _ => None,
+    };
+    Ok((s, c, delta, timing))
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// Checks a finished run of a pair: exit 0, exactly `lines` on stdout,
+/// nothing on stderr.
+fn check(who: &str, ran: &Ran, lines: &[String], both: &str) -> Result<(), Failed> {
+    let got: Vec<&str> = ran.stdout.lines().collect();
+    ensure!(
+        ran.code == Some(0) && got == lines && ran.stderr.is_empty(),
+        "{who}: expected exit 0 and the lines {lines:#?}, nothing on stderr\n{both}"
+    );
+    Ok(())
+}
+
+/// The port's packet counters went up by at least `data` each way.
+fn check_packets(
+    what: &str,
+    delta: Option<(u64, u64)>,
+    data: u64,
+    timing: &str,
+) -> Result<(), Failed> {
+    match delta {
+        Some((sent, rcvd)) => {
+            ensure!(
+                sent >= data && rcvd >= data,
+                "{what}: the port sent {sent} and received {rcvd} packets, fewer than the {data} datagrams"
+            );
+            eprintln!(
+                "cm_ud: {what}: {data} datagrams; port packets sent {sent}, received {rcvd}; {timing}"
+            );
+        }
+        None => {
+            eprintln!("cm_ud: {what}: the device has no packet counters, not checked; {timing}")
+        }
+    }
+    Ok(())
+}
+
+/// A `rdma resource show cm_id` line of udaddy's listener.
+fn udaddy_listening(words: &[&str]) -> bool {
+    words.contains(&"LISTEN") && words.iter().any(|w| w.ends_with(":7174"))
+}
+
+fn udaddy(env: &Env, server: Side, client: Side, options: bool) -> Result<(), Failed> {
+    let ip = cm_addr(env)?.to_string();
+    let ip = ip.as_str();
+    // Server arguments, client arguments, connections, messages each.
+    let (srv_args, cli_args, conns, count): (&[&str], &[&str], u64, u64) =
+        match (options, server, client) {
+            (false, ..) => (&[], &["-s", ip], 1, 10),
+            (true, Side::Rust, Side::C) => (
+                &["-b", ip, "-c", "2", "-C", "5", "-S", "500"],
+                &["-s", ip, "-b", ip, "-c", "2", "-C", "5", "-S", "500"],
+                2,
+                5,
+            ),
+            // The server replies with messages of its own size: the sizes
+            // must be equal, or the replies overflow the client's buffers.
+            (true, Side::C, _) => (
+                &["-C", "25", "-S", "64"],
+                &["-s", ip, "-C", "25", "-S", "64", "-f", "ip"],
+                1,
+                25,
+            ),
+            (true, ..) => (
+                &["-c", "3", "-C", "7", "-S", "1024", "-f", "ip", "-P", "udp"],
+                &["-s", ip, "-c", "3", "-C", "7", "-S", "1024", "-p", "0x111"],
+                3,
+                7,
+            ),
+        };
+    let (srv_args, cli_args) = (strings(srv_args), strings(cli_args));
+    let what = format!("udaddy {server:?} server {srv_args:?}, {client:?} client {cli_args:?}");
+    let (s, c, delta, timing) = pair(
+        env,
+        "udaddy",
+        (server, &srv_args),
+        (client, &cli_args),
+        udaddy_listening,
+    )?;
+    let both = format!("{what}\n--- server: {}\n--- client: {}", s.show(), c.show());
+    let srv_lines = strings(&[
+        "udaddy: starting server",
+        "receiving data transfers",
+        "sending replies",
+        "data transfers complete",
+        "test complete",
+        "return status 0",
+    ]);
+    let cli_lines = strings(&[
+        "udaddy: starting client",
+        "udaddy: connecting",
+        "initiating data transfers",
+        "receiving data transfers",
+        "data transfers complete",
+        "test complete",
+        "return status 0",
+    ]);
+    check("server", &s, &srv_lines, &both)?;
+    check("client", &c, &cli_lines, &both)?;
+    // Every connection: `count` datagrams each way.
+    check_packets(&what, delta, 2 * conns * count, &timing)
+}
+
+fn mckey(env: &Env, n: u8, receiver: Side, sender: Side, options: bool) -> Result<(), Failed> {
+    let ip = cm_addr(env)?.to_string();
+    // A group of its own per run.
+    let group = format!("239.1.{}.{n}", 100 + std::process::id() % 100);
+    // Extra receiver arguments, extra sender arguments, members per side,
+    // messages per sending member.
+    let (rcv_extra, snd_extra, members, count): (&[&str], &[&str], u64, u64) =
+        match (options, receiver, sender) {
+            (false, ..) => (&[], &[], 1, 10),
+            (true, Side::Rust, Side::C) => (
+                &["-C", "3", "-S", "200"],
+                &["-o", "-C", "3", "-S", "200"],
+                1,
+                3,
+            ),
+            (true, Side::C, _) => (
+                &["-C", "4", "-S", "1000"],
+                &["-C", "4", "-S", "300", "-o"],
+                1,
+                4,
+            ),
+            // Two members on each side: each receiving QP gets both senders'.
+            (true, ..) => (
+                &["-c", "2", "-C", "6", "-S", "64"],
+                &["-c", "2", "-C", "6", "-S", "64"],
+                2,
+                6,
+            ),
+        };
+    let base = ["-m", group.as_str(), "-b", ip.as_str()];
+    let mut rcv_args = strings(&base);
+    rcv_args.extend(strings(rcv_extra));
+    let mut snd_args = strings(&base);
+    snd_args.push("-s".into());
+    snd_args.extend(strings(snd_extra));
+    let what = format!("mckey {receiver:?} receiver {rcv_args:?}, {sender:?} sender {snd_args:?}");
+    let target = format!("{group}:0");
+    let (r, s, delta, timing) = pair(
+        env,
+        "mckey",
+        (receiver, &rcv_args),
+        (sender, &snd_args),
+        |w| w.contains(&target.as_str()),
+    )?;
+    let both = format!(
+        "{what}\n--- receiver: {}\n--- sender: {}",
+        r.show(),
+        s.show()
+    );
+    let roce = env.ctx.query_port(env.port)?.link_layer == LinkLayer::Ethernet;
+    let joined = format!("mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0");
+    let lines = |role: &str, transfer: &str| -> Vec<String> {
+        let mut v = strings(&[&format!("mckey: starting {role}"), "mckey: joining"]);
+        v.extend((0..members).map(|_| joined.clone()));
+        v.extend(strings(&[
+            transfer,
+            "data transfers complete",
+            "test complete",
+            "return status 0",
+        ]));
+        v
+    };
+    if roce {
+        check(
+            "receiver",
+            &r,
+            &lines("server", "receiving data transfers"),
+            &both,
+        )?;
+        check(
+            "sender",
+            &s,
+            &lines("client", "initiating data transfers"),
+            &both,
+        )?;
+    } else {
+        // InfiniBand: the SM picks the MLID and SL; everything else holds.
+        for (who, ran) in [("receiver", &r), ("sender", &s)] {
+            ensure!(
+                ran.code == Some(0)
+                    && ran.stderr.is_empty()
+                    && ran.stdout.contains("data transfers complete\n")
+                    && ran.stdout.ends_with("test complete\nreturn status 0\n"),
+                "{who} failed\n{both}"
+            );
+        }
+    }
+    check_packets(&what, delta, members * count, &timing)
+}
+
+/// Runs `name` with `args` as the C program and as the example: same exit
+/// status (which must be `code`), same stdout, same stderr.
+fn same_as_c(name: &str, args: &[String], code: i32) -> Result<(), Failed> {
+    // Side by side: none of these runs listens or joins a group.
+    let (c, r) = (spawn(Side::C, name, args)?, spawn(Side::Rust, name, args)?);
+    let (c, r) = (finish(c, run_limit())?, finish(r, run_limit())?);
+    let both = format!(
+        "{name} {args:?}\n--- C: {}\n--- Rust: {}",
+        c.show(),
+        r.show()
+    );
+    ensure!(
+        c.code == Some(code),
+        "the C program's exit status is not {code}\n{both}"
+    );
+    ensure!(
+        r.code == c.code && r.stdout == c.stdout && r.stderr == c.stderr,
+        "differs from C\n{both}"
+    );
+    // What it said: the first line on stderr, else the last before "test complete".
+    let said = r.stderr.lines().next().or_else(|| {
+        r.stdout
+            .lines()
+            .take_while(|l| *l != "test complete")
+            .last()
+    });
+    eprintln!(
+        "cm_ud: {name} {}: exit {code} and output as C ({})",
+        args.join(" "),
+        said.unwrap_or("")
+    );
+    Ok(())
+}
+
+/// A server that cannot take the request (a negative count makes its CQ
+/// fail) rejects it, and the client hears of it: the C pair, then the Rust
+/// server and the Rust client each with the C program, must say the same
+/// and exit the same.
+fn udaddy_rejects(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?.to_string();
+    let (srv_args, cli_args) = (strings(&["-C", "-3"]), strings(&["-s", &ip]));
+    let mut reference: Option<(Ran, Ran)> = None;
+    for (server, client) in [(C, C), (Rust, C), (C, Rust)] {
+        let (s, c, _, timing) = pair(
+            env,
+            "udaddy",
+            (server, &srv_args),
+            (client, &cli_args),
+            udaddy_listening,
+        )?;
+        let both = format!(
+            "{server:?} server {srv_args:?}: {}\n{client:?} client {cli_args:?}: {}",
+            s.show(),
+            c.show()
+        );
+        let Some((rs, rc)) = &reference else {
+            ensure!(
+                s.code == Some(0)
+                    && s.stdout.contains("udaddy: failing connection request\n")
+                    && c.code.is_some_and(|code| code != 0),
+                "the C programs did not fail as expected\n{both}"
+            );
+            reference = Some((s, c));
+            continue;
+        };
+        for (who, ran, want) in [("server", &s, rs), ("client", &c, rc)] {
+            ensure!(
+                ran.code == want.code && ran.stdout == want.stdout && ran.stderr == want.stderr,
+                "the {who} differs from C's ({})\n{both}",
+                want.show()
+            );
+        }
+        let said = c.stdout.lines().find(|l| l.contains("event")).unwrap_or("");
+        eprintln!(
+            "cm_ud: udaddy {server:?} server, {client:?} client: as C, client exit {:?} ({said}); {timing}",
+            c.code
+        );
+    }
+    Ok(())
+}
+
+fn udaddy_bad(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?.to_string();
+    let ip = ip.as_str();
+    for (args, code) in [
+        (&["-x"][..], 1),
+        (&["-s"], 1),
+        (&["-c", "-1", "-s", ip], 1),
+        (&["-p", "5", "-s", ip], 1),
+        // A port space that does not exist, on the server.
+        (&["-p", "5"], 255),
+        // -f ip takes no names.
+        (&["-f", "ip", "-s", "localhost"], 254),
+        // Warnings on stderr, then a message larger than the MTU: -EINVAL.
+        (&["-f", "bogus", "-P", "bogus", "-s", ip, "-S", "5000"], 234),
+        // A negative count makes the CQ fail: -ENOMEM.
+        (&["-C", "-3", "-s", ip], 244),
+        // A TCP id takes no UD QP.
+        (&["-p", "0x106", "-s", ip], 255),
+    ] {
+        same_as_c("udaddy", &strings(args), code)?;
+    }
+    Ok(())
+}
+
+fn mckey_bad(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?.to_string();
+    let ip = ip.as_str();
+    let group = format!("239.1.{}.99", 100 + std::process::id() % 100);
+    let g = group.as_str();
+    let mut cases = vec![
+        (vec!["-x"], 1),
+        (vec!["-m"], 1),
+        (vec!["-so", "-m", g, "-Q"], 1),
+        (vec!["-M", "ff0e::1"], 1),
+        (vec!["-m", g, "-b", ip, "-p", "5"], 1),
+        // No group: getaddrinfo(NULL) fails, EAI_NONAME.
+        (vec!["-b", ip], 254),
+        // Larger than the MTU; then leaving a group never joined.
+        (vec!["-m", g, "-b", ip, "-s", "-S", "5000"], 255),
+        (vec!["-m", g, "-b", ip, "-s", "-C", "-1"], 255),
+        // A TCP id takes no UD QP.
+        (vec!["-m", g, "-b", ip, "-p", "0x106"], 255),
+    ];
+    // -l: soft-RoCE cannot block multicast loopback, nor can the example.
+    if env.ctx.name().starts_with("rxe") {
+        cases.push((vec!["-m", g, "-b", ip, "-s", "-l"], 255));
+    }
+    for (args, code) in cases {
+        same_as_c("mckey", &strings(&args), code)?;
+    }
+    Ok(())
+}
