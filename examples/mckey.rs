@@ -51,8 +51,8 @@ use std::time::Duration;
 use rdma_verbs::cm::{CmEvent, CmEventKind, EventChannel, McJoin, PortSpace};
 use rdma_verbs::Gid;
 use ud_cm::{
-    atoi, errno_of, exit, inet_ntop6, lookup, perror, say, service_level, strtol, GaiError, Getopt,
-    Got, Node, Test,
+    atoi, errno_of, exit, inet_ntop6, lookup, perror, say, strtol, GaiError, Getopt, Got, Node,
+    Test,
 };
 
 /// Address resolution time-out.
@@ -389,7 +389,7 @@ impl Mckey {
             "mckey: joined dgid: {} mlid 0x{:x} sl {}",
             inet_ntop6(&dgid),
             ud.av.dest_lid(),
-            service_level(&ud.av)
+            ud.av.service_level()
         ));
         node.remote_qpn = ud.qp_num;
         node.remote_qkey = ud.qkey;

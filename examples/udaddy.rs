@@ -32,12 +32,10 @@
 //! `cargo run --example udaddy -- -s 10.99.0.1` on the other.
 //!
 //! The server learns the client's address from the first datagram: from
-//! the GRH (on RoCE: the IP header) in front of it, as C's
-//! `ibv_create_ah_from_wc` does; `ud_cm::reply_av` computes it.
+//! the GRH (on RoCE: the IP header) in front of it, with
+//! `ProtectionDomain::create_ah_from_wc` (`ibv_create_ah_from_wc`).
 //!
-//! Differences from C, where the crate cannot do what C does: `-t` prints
-//! `udaddy: set TOS option failed: Operation not supported` (there is no
-//! `rdma_set_option`) and goes on with the default type of service;
+//! Difference from C, where the crate cannot do what C does:
 //! `-f gid` (AF_IB addresses, which `std::net::SocketAddr` cannot hold)
 //! fails as a lookup in an unsupported family does
 //! (`udaddy: getaddrinfo error: ai_family not supported`).
@@ -360,9 +358,10 @@ impl Udaddy {
         let Some(id) = &self.nodes[i].id else {
             return 0;
         };
-        if self.o.tos.is_some() {
-            // rdma_set_option(RDMA_OPTION_ID_TOS) is not in the crate.
-            perror("udaddy: set TOS option failed", libc::EOPNOTSUPP);
+        if let Some(tos) = self.o.tos {
+            if let Err(e) = id.set_tos(tos) {
+                perror("udaddy: set TOS option failed", errno_of(&e));
+            }
         }
         if let Err(e) = id.resolve_route(RESOLVE_TIMEOUT) {
             perror("udaddy: resolve route failed", errno_of(&e));

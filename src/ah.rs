@@ -4,7 +4,7 @@ use std::ffi::c_int;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::pd::ProtectionDomain;
 use crate::qp::AddressVector;
@@ -39,7 +39,84 @@ pub struct AddressHandle {
     inner: Arc<Owned<sys::ibv_ah, ProtectionDomain>>,
 }
 
+/// The size of the Global Routing Header a UD receive gets in front of the
+/// message (`struct ibv_grh`).
+pub const GRH_LEN: usize = 40;
+
+impl crate::Context {
+    /// The address vector that answers the sender of a UD message received
+    /// on `port` (`ibv_init_ah_from_wc`): from its work completion and the
+    /// first [`GRH_LEN`] bytes of the receive buffer, where the device puts
+    /// the Global Routing Header (always on RoCE; when the completion has
+    /// [`WcFlags::GRH`](crate::WcFlags::GRH) on InfiniBand). libibverbs
+    /// finds the local GID index the message came in on.
+    ///
+    /// Refused before the call: a port that does not exist, and `grh`
+    /// shorter than [`GRH_LEN`].
+    ///
+    /// ```no_run
+    /// # fn f(pd: &rdma_verbs::ProtectionDomain, wc: &rdma_verbs::WorkCompletion, buf: &[u8]) -> rdma_verbs::Result<()> {
+    /// let av = pd.context().reply_av(1, wc, buf)?;
+    /// let ah = pd.create_ah(&av)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_init_ah_from_wc")]
+    pub fn reply_av(
+        &self,
+        port: u8,
+        wc: &crate::WorkCompletion,
+        grh: &[u8],
+    ) -> Result<AddressVector> {
+        const VERB: &str = "ibv_init_ah_from_wc";
+        self.check_port(VERB, port)?;
+        let Some(g) = grh.get(..GRH_LEN) else {
+            return Err(Error::invalid(
+                VERB,
+                format!("the GRH is {GRH_LEN} bytes, {} given", grh.len()),
+            ));
+        };
+        let gid = |at: usize| {
+            let mut raw = [0u8; 16];
+            raw.copy_from_slice(&g[at..at + 16]);
+            sys::ibv_gid { raw }
+        };
+        // The header as it lies in memory (its fields are big-endian there).
+        let mut raw_grh = sys::ibv_grh {
+            version_tclass_flow: u32::from_ne_bytes([g[0], g[1], g[2], g[3]]),
+            paylen: u16::from_ne_bytes([g[4], g[5]]),
+            next_hdr: g[6],
+            hop_limit: g[7],
+            sgid: gid(8),
+            dgid: gid(24),
+        };
+        let mut raw_wc = *wc.raw();
+        let mut attr = sys::ibv_ah_attr::default();
+        // SAFETY: the context is live and `port` one of its ports; the
+        // work completion, GRH and attribute structs are valid for the call
+        // (libibverbs only reads the first two and writes the third).
+        let rc = unsafe {
+            sys::ibv_init_ah_from_wc(self.as_ptr(), port, &mut raw_wc, &mut raw_grh, &mut attr)
+        };
+        check_rc(VERB, rc)?;
+        Ok(AddressVector::from_raw(&attr))
+    }
+}
+
 impl ProtectionDomain {
+    /// An address handle that answers the sender of a received UD message
+    /// (`ibv_create_ah_from_wc`): [`Context::reply_av`](crate::Context::reply_av),
+    /// then [`create_ah`](Self::create_ah).
+    #[doc(alias = "ibv_create_ah_from_wc")]
+    pub fn create_ah_from_wc(
+        &self,
+        port: u8,
+        wc: &crate::WorkCompletion,
+        grh: &[u8],
+    ) -> Result<AddressHandle> {
+        let av = self.context().reply_av(port, wc, grh)?;
+        self.create_ah(&av)
+    }
+
     /// Creates an address handle for `av`.
     #[doc(alias = "ibv_create_ah")]
     pub fn create_ah(&self, av: &AddressVector) -> Result<AddressHandle> {

@@ -346,6 +346,10 @@ bitflags::bitflags! {
 pub struct WorkCompletion(sys::ibv_wc);
 
 impl WorkCompletion {
+    pub(crate) fn raw(&self) -> &sys::ibv_wc {
+        &self.0
+    }
+
     /// The `wr_id` of the work request this completes, as the device saw it.
     ///
     /// For requests posted through the safe API this is the crate's own

@@ -100,7 +100,7 @@ pub mod qp;
 mod srq;
 pub mod sys;
 
-pub use ah::AddressHandle;
+pub use ah::{AddressHandle, GRH_LEN};
 pub use channel::{CompletionChannel, CqEvent};
 pub use context::Context;
 pub use cq::{CompletionQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion};

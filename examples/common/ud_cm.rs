@@ -14,10 +14,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Mutex;
 
 use rdma_verbs::cm::{CmId, EventChannel, UDP_QKEY};
-use rdma_verbs::qp::{AddressVector, GlobalRoute, QKey, QpNum, RecvWr, SendOp, SendWr};
+use rdma_verbs::qp::{QKey, QpNum, RecvWr, SendOp, SendWr};
 use rdma_verbs::{
-    AccessFlags, AddressHandle, CompletionQueue, Context, Error, Gid, GidType, ProtectionDomain,
-    QpCaps, QpInitAttr, QpType, QueuePair, SharedChunk, WcFlags, WorkCompletion,
+    AccessFlags, AddressHandle, CompletionQueue, Error, Gid, ProtectionDomain, QpCaps, QpInitAttr,
+    QpType, QueuePair, SharedChunk, WorkCompletion,
 };
 
 /// Bytes of GRH in front of every UD receive (`sizeof(struct ibv_grh)`).
@@ -398,132 +398,6 @@ pub fn inet_ntop6(gid: &Gid) -> String {
     Ipv6Addr::from(b).to_string()
 }
 
-/// The service level of an address vector (`ah_attr.sl`).
-///
-/// `AddressVector` has setters but no getter for the SL; its `Debug` form
-/// names every field, so the SL is read from there (0 if it cannot be).
-pub fn service_level(av: &AddressVector) -> u8 {
-    let text = format!("{av:?}");
-    text.split_once(", sl: ")
-        .and_then(|(_, rest)| {
-            rest.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
-// ---------------------------------------------------------------------------
-// The reply address of a received datagram (ibv_init_ah_from_wc)
-// ---------------------------------------------------------------------------
-
-/// The IPv4 header checksum as libibverbs computes it (one carry fold).
-fn ipv4_checksum(header: &[u8]) -> [u8; 2] {
-    let mut sum: u32 = 0;
-    for (i, pair) in header.chunks(2).enumerate() {
-        // The checksum field itself counts as zero.
-        if i != 5 {
-            sum += u32::from(u16::from_ne_bytes([pair[0], pair[1]]));
-        }
-    }
-    sum = (sum & 0xffff) + (sum >> 16);
-    (!(sum as u16)).to_ne_bytes()
-}
-
-/// Whether the 40 bytes in front of a RoCE datagram hold an IPv4 header
-/// (in their last 20 bytes) rather than an IPv6 one, or neither.
-fn grh_ip_version(grh: &[u8; GRH_LEN]) -> Option<u8> {
-    let ip4 = &grh[20..40];
-    if grh[0] >> 4 != 6 {
-        return (ip4[0] >> 4 == 4).then_some(4);
-    }
-    if ip4[0] & 0x0f != 5 {
-        return Some(6);
-    }
-    // Both could be: an IPv4 header with a valid checksum wins.
-    Some(if ipv4_checksum(ip4) == [ip4[10], ip4[11]] {
-        4
-    } else {
-        6
-    })
-}
-
-/// The index of `gid` of type `ty` in port `port`'s GID table.
-fn find_gid_index(ctx: &Context, port: u8, gid: Gid, ty: GidType) -> Result<u8, String> {
-    let table = ctx.gid_table().map_err(|e| e.to_string())?;
-    table
-        .iter()
-        .filter(|e| e.port == u32::from(port) && e.gid == gid && e.gid_type == Some(ty))
-        .map(|e| e.index)
-        .min()
-        .and_then(|i| u8::try_from(i).ok())
-        .ok_or_else(|| format!("{gid} ({ty:?}) is not in the GID table of port {port}"))
-}
-
-/// The address vector back to the sender of a received datagram, from its
-/// completion and the 40 bytes in front of it: what `ibv_init_ah_from_wc`
-/// computes (and `ibv_create_ah_from_wc` makes a handle of), which this
-/// crate does not offer.
-///
-/// On RoCE the 40 bytes hold the IPv6 header, or an IPv4 header in their
-/// last 20 bytes: the sender's address becomes the destination GID, our own
-/// address (the packet's destination) picks the source GID index.
-pub fn reply_av(
-    ctx: &Context,
-    port: u8,
-    wc: &WorkCompletion,
-    grh: &[u8; GRH_LEN],
-) -> Result<AddressVector, String> {
-    let flow = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
-    let av = AddressVector::new(port)
-        .dlid(wc.slid())
-        .sl(wc.sl())
-        .map_err(|e| e.to_string())?
-        .src_path_bits(wc.dlid_path_bits());
-    if !wc.flags().contains(WcFlags::GRH) {
-        return Ok(av);
-    }
-    let route = match grh_ip_version(grh) {
-        Some(4) => {
-            let ip4 = &grh[20..40];
-            let daddr = Ipv4Addr::new(ip4[16], ip4[17], ip4[18], ip4[19]);
-            let saddr = Ipv4Addr::new(ip4[12], ip4[13], ip4[14], ip4[15]);
-            if daddr.is_multicast() {
-                return Err(format!("a datagram to multicast group {daddr}"));
-            }
-            let sgid = Gid::from(daddr.to_ipv6_mapped());
-            let index = find_gid_index(ctx, port, sgid, GidType::RoceV2)?;
-            GlobalRoute::new(Gid::from(saddr.to_ipv6_mapped()), index)
-                .hop_limit(ip4[8])
-                .traffic_class(ip4[1])
-        }
-        Some(_) => {
-            let mut sgid = Gid::ZERO;
-            sgid.0.copy_from_slice(&grh[8..24]);
-            let mut dgid = Gid::ZERO;
-            dgid.0.copy_from_slice(&grh[24..40]);
-            if dgid.0[0] == 0xff {
-                return Err(format!("a datagram to multicast GID {dgid}"));
-            }
-            let ty = match grh[6] {
-                17 => GidType::RoceV2,
-                0x1b => GidType::Ib,
-                next => return Err(format!("next header {next:#x} in the GRH")),
-            };
-            let index = find_gid_index(ctx, port, dgid, ty)?;
-            GlobalRoute::new(sgid, index)
-                .hop_limit(grh[7])
-                .traffic_class((flow >> 20) as u8)
-        }
-        None => return Err("the GRH holds neither an IPv4 nor an IPv6 header".into()),
-    };
-    let route = route
-        .flow_label(flow & 0xf_ffff)
-        .map_err(|e| e.to_string())?;
-    Ok(av.global(route))
-}
-
 // ---------------------------------------------------------------------------
 // Nodes: one CM id with its PD, CQ, UD QP and buffers
 // ---------------------------------------------------------------------------
@@ -786,9 +660,9 @@ fn create_reply_ah(node: &mut Node, wc: &WorkCompletion, grh: Option<&[u8; GRH_L
         return;
     };
     let zero = [0; GRH_LEN];
-    node.ah = reply_av(pd.context(), id.port_num(), wc, grh.unwrap_or(&zero))
-        .ok()
-        .and_then(|av| pd.create_ah(&av).ok());
+    node.ah = pd
+        .create_ah_from_wc(id.port_num(), wc, grh.unwrap_or(&zero))
+        .ok();
     node.remote_qpn = wc.imm_data().unwrap_or(0);
     node.remote_qkey = qp.query().map_or(UDP_QKEY, |(attr, _)| attr.qkey.0);
 }

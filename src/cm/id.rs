@@ -383,6 +383,49 @@ impl CmId {
         })
     }
 
+    /// Sets one `RDMA_OPTION_ID` option (`rdma_set_option`).
+    fn set_id_option<T>(&self, name: u32, value: &T) -> Result<()> {
+        let len = std::mem::size_of::<T>();
+        let ptr = (value as *const T).cast_mut().cast::<c_void>();
+        // SAFETY: the id is live; `ptr` points to `len` readable bytes of
+        // the type the option takes (the kernel copies them in).
+        self.call("rdma_set_option", After::Unchanged, |id| unsafe {
+            sys::rdma_set_option(id, sys::RDMA_OPTION_ID as c_int, name as c_int, ptr, len)
+        })
+    }
+
+    /// The type of service of the id's traffic (`RDMA_OPTION_ID_TOS`): on
+    /// RoCE the IP header's TOS byte, on InfiniBand mapped to a service
+    /// level. Set it before resolving the route.
+    #[doc(alias = "rdma_set_option")]
+    #[doc(alias = "RDMA_OPTION_ID_TOS")]
+    pub fn set_tos(&self, tos: u8) -> Result<()> {
+        self.set_id_option(sys::RDMA_OPTION_ID_TOS, &tos)
+    }
+
+    /// Whether the id may bind a port that a closed id still holds
+    /// (`RDMA_OPTION_ID_REUSEADDR`). Set it before binding.
+    #[doc(alias = "rdma_set_option")]
+    #[doc(alias = "RDMA_OPTION_ID_REUSEADDR")]
+    pub fn set_reuse_addr(&self, on: bool) -> Result<()> {
+        self.set_id_option(sys::RDMA_OPTION_ID_REUSEADDR, &c_int::from(on))
+    }
+
+    /// The QP's local ACK timeout the CM uses (`RDMA_OPTION_ID_ACK_TIMEOUT`,
+    /// 4.096 us * 2^`timeout`, 0..=31), overriding the one from the path.
+    #[doc(alias = "rdma_set_option")]
+    #[doc(alias = "RDMA_OPTION_ID_ACK_TIMEOUT")]
+    pub fn set_ack_timeout(&self, timeout: u8) -> Result<()> {
+        if timeout > 31 {
+            return Err(Error::OutOfRange {
+                what: "ACK timeout",
+                value: timeout.into(),
+                range: "0..=31",
+            });
+        }
+        self.set_id_option(sys::RDMA_OPTION_ID_ACK_TIMEOUT, &timeout)
+    }
+
     /// Listens for connection requests on the bound address; each arrives
     /// as a [`ConnectRequest`](super::CmEventKind::ConnectRequest) event.
     #[doc(alias = "rdma_listen")]

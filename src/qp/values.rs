@@ -378,6 +378,21 @@ impl AddressVector {
         self.grh.as_ref()
     }
 
+    /// The service level (`sl`).
+    pub fn service_level(&self) -> u8 {
+        self.sl
+    }
+
+    /// The source path bits (`src_path_bits`).
+    pub fn path_bits(&self) -> u8 {
+        self.src_path_bits
+    }
+
+    /// The static rate (`static_rate`, an `enum ibv_rate` value; 0: port rate).
+    pub fn rate(&self) -> u8 {
+        self.static_rate
+    }
+
     /// The destination LID.
     pub fn dest_lid(&self) -> u16 {
         self.dlid

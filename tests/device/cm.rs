@@ -503,12 +503,39 @@ fn ud_connect(env: &Env) -> Result<(), Failed> {
     let wc = poll_n(&s.cq, 1)?.pop().ok_or("no receive")?;
     ensure!(wc.is_success() && wc.byte_len() == 48, "receive {wc:?}");
     let mut got = Vec::new();
-    s.qp.reclaim(&wc, |d| {
-        got.extend(d.chunks().map(|c| c.as_slice()[40..48].to_vec()))
+    s.qp.reclaim(&wc, |d| got.extend(d.chunks()));
+    let inbox = got.pop().ok_or("no receive buffer back")?;
+    ensure!(
+        &inbox.as_slice()[40..48] == b"datagram",
+        "got {:?}",
+        &inbox.as_slice()[..48]
+    );
+    let sent = poll_n(&c.cq, 1)?.pop().ok_or("no send completion")?;
+    c.qp.reclaim(&sent, |d| drop(d.into_chunk()));
+    // The server answers the sender found in the GRH (ibv_init_ah_from_wc),
+    // without the CM's help.
+    let ctx = server.context()?;
+    let short = ctx.reply_av(server.port_num(), &wc, &inbox.as_slice()[..39]);
+    ensure!(
+        matches!(short, Err(Error::InvalidArgument { .. })),
+        "a 39-byte GRH: {short:?}"
+    );
+    let back =
+        s.pd.create_ah_from_wc(server.port_num(), &wc, inbox.as_slice())?;
+    let inb = c.pd.alloc_chunks(1, 256 + 40, AccessFlags::LOCAL_WRITE)?;
+    c.qp.post_recv(inb.into_iter().map(|b| RecvWr::new(4).sge(b)))?;
+    let mut reply = inbox;
+    reply.as_mut_slice()[..5].copy_from_slice(b"reply");
+    s.qp.post_send([SendWr::new(5, SendOp::Send)
+        .ud(&back, QpNum::new(wc.src_qp())?, QKey(ud.qkey))
+        .sge_len(reply, 5)])?;
+    let wc = poll_n(&c.cq, 1)?.pop().ok_or("no reply")?;
+    ensure!(wc.is_success() && wc.byte_len() == 45, "reply {wc:?}");
+    let mut got = Vec::new();
+    c.qp.reclaim(&wc, |d| {
+        got.extend(d.chunks().map(|c| c.as_slice()[40..45].to_vec()))
     });
-    ensure!(got == vec![b"datagram".to_vec()], "got {got:?}");
-    let wc = poll_n(&c.cq, 1)?.pop().ok_or("no send completion")?;
-    c.qp.reclaim(&wc, |d| drop(d.into_chunk()));
+    ensure!(got == vec![b"reply".to_vec()], "got {got:?}");
     Ok(())
 }
 
@@ -585,6 +612,15 @@ fn checks_before_any_call(env: &Env) -> Result<(), Failed> {
             "{what} on an unbound id: {r:?}"
         );
     }
+    // Options: checked, then set.
+    let e = fresh.set_ack_timeout(32);
+    ensure!(
+        matches!(e, Err(Error::OutOfRange { .. })),
+        "ACK timeout 32: {e:?}"
+    );
+    fresh.set_ack_timeout(14)?;
+    fresh.set_tos(32)?;
+    fresh.set_reuse_addr(true)?;
     let client = resolved(&cch, addr, PortSpace::Tcp)?;
     // A PD of a context the crate opened itself is not the id's.
     let own_pd = env.ctx.alloc_pd()?;
