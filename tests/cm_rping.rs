@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 
-use common::{Env, TestFn};
+use common::{cm_addr, on_path, Env, TestFn};
 
 const TESTS: &[(&str, TestFn)] = &[
     ("cm_rping::rust_server_c_client", rust_server_c_client),
@@ -88,60 +88,11 @@ impl Ran {
     }
 }
 
-/// The Rust example, built next to this test by `cargo test`.
-fn rust_rping() -> Result<PathBuf, Failed> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .ok_or("no target dir")?;
-    let path = dir.join("examples").join("rping");
-    ensure!(
-        path.exists(),
-        "{} is not built (cargo test builds the examples)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// A program from PATH.
-fn on_path(name: &str, package: &str) -> Result<PathBuf, Failed> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .ok_or_else(|| format!("{name} not found: install {package}").into())
-}
-
 fn program(side: Side) -> Result<PathBuf, Failed> {
     match side {
         Side::C => on_path("rping", "rdma-core's rdmacm-utils"),
-        Side::Rust => rust_rping(),
+        Side::Rust => common::rust_example("rping"),
     }
-}
-
-/// The address the runs use: the test port's IPv4 address.
-fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
-    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
-        return a
-            .parse()
-            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
-    }
-    env.ctx
-        .gid_table()?
-        .iter()
-        .filter(|e| e.port == u32::from(env.port))
-        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
-        .map(IpAddr::V4)
-        .ok_or_else(|| {
-            format!(
-                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
-                env.port,
-                env.ctx.name()
-            )
-            .into()
-        })
 }
 
 fn spawn(bin: &PathBuf, args: &[String]) -> Result<Running, Failed> {
@@ -235,36 +186,18 @@ impl Running {
 
 /// Waits until `rdma resource show cm_id` lists a listener on `ip:port`.
 fn wait_listening(mut server: Running, ip: IpAddr, port: u16) -> Result<Running, Failed> {
-    let rdma = on_path("rdma", "iproute2 (the rdma tool)")?;
-    let want = format!("src-addr {ip}:{port} ");
-    let (start, limit) = (Instant::now(), common::deadline());
-    loop {
-        let out = Command::new(&rdma)
-            .args(["resource", "show", "cm_id"])
-            .output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if text
-            .lines()
-            .any(|l| l.contains("state LISTEN") && l.contains(&want))
-        {
-            return Ok(server);
-        }
-        if server.child.try_wait()?.is_some() {
-            let ran = server.finish(Duration::ZERO)?;
-            return Err(
-                format!("the server ended before listening\n{}", ran.show("server")).into(),
-            );
-        }
-        if start.elapsed() > limit {
+    let want = format!("{ip}:{port}");
+    let listening = |w: &[&str]| {
+        w.windows(2).any(|p| p == ["state", "LISTEN"])
+            && w.windows(2).any(|p| p[0] == "src-addr" && p[1] == want)
+    };
+    match common::wait_for_cm_id(&mut server.child, "the rping server", listening) {
+        Ok(()) => Ok(server),
+        Err(e) => {
             let _ = server.child.kill();
             let ran = server.finish(Duration::ZERO)?;
-            return Err(format!(
-                "no listener on {ip}:{port} after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)\n{}",
-                ran.show("server")
-            )
-            .into());
+            Err(format!("{e:?}\n{}", ran.show("server")).into())
         }
-        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -491,7 +424,10 @@ fn nobody_listening(env: &Env) -> Result<(), Failed> {
 fn persistent_server(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let p = port(9);
-    let s = spawn(&rust_rping()?, &args(&["-s", "-P", "-v"], ip, p))?;
+    let s = spawn(
+        &common::rust_example("rping")?,
+        &args(&["-s", "-P", "-v"], ip, p),
+    )?;
     let s = wait_listening(s, ip, p)?;
     let mut clients = Vec::new();
     let src = ip.to_string();
@@ -627,7 +563,7 @@ fn options_match_c(_env: &Env) -> Result<(), Failed> {
         &["-d", "-p", "70000", "-C", "4294967297", "-S", "100", "-q"],
         &["-s", "-S", "1", "-C", "-5", "-d", "-x"],
     ];
-    let (c, rust) = (program(Side::C)?, rust_rping()?);
+    let (c, rust) = (program(Side::C)?, common::rust_example("rping")?);
     for args in lines {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let a = spawn(&c, &args)?.finish(limit())?;

@@ -26,7 +26,6 @@
 mod common;
 
 use std::io::Read;
-use std::net::IpAddr;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -35,7 +34,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 use rdma_verbs::LinkLayer;
 
-use common::{Env, TestFn};
+use common::{cm_addr, on_path, rust_example, wait_for_cm_id, Env, TestFn};
 
 /// Which program plays a role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,59 +94,9 @@ fn main() -> std::process::ExitCode {
     common::run_with("cm_ud", TESTS, args)
 }
 
-/// The IPv4 address of the test port (its IPv4-mapped RoCE GID), or
-/// `RDMA_VERBS_CM_ADDR`.
-fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
-    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
-        return a
-            .parse()
-            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
-    }
-    env.ctx
-        .gid_table()?
-        .iter()
-        .filter(|e| e.port == u32::from(env.port))
-        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
-        .map(IpAddr::V4)
-        .ok_or_else(|| {
-            format!(
-                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
-                env.port,
-                env.ctx.name()
-            )
-            .into()
-        })
-}
-
-/// The Rust example, built next to this test by `cargo test`.
-fn rust_example(name: &str) -> Result<PathBuf, Failed> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .ok_or("no target dir")?;
-    let path = dir.join("examples").join(name);
-    ensure!(
-        path.exists(),
-        "{} is not built (cargo test builds the examples)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// The C program, from PATH.
-fn c_program(name: &str) -> Result<PathBuf, Failed> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("{name} not found: install rdma-core's rdmacm-utils").into())
-}
-
 fn program(side: Side, name: &str) -> Result<PathBuf, Failed> {
     match side {
-        Side::C => c_program(name),
+        Side::C => on_path(name, "rdma-core's rdmacm-utils"),
         Side::Rust => rust_example(name),
     }
 }
@@ -214,44 +163,6 @@ fn run_limit() -> Duration {
     common::scaled(Duration::from_secs(60))
 }
 
-/// Waits until `rdma resource show cm_id` lists a CM id of `child`'s for
-/// which `wanted` holds (given the line's words).
-fn wait_for_cm_id(
-    child: &mut Child,
-    what: &str,
-    wanted: impl Fn(&[&str]) -> bool,
-) -> Result<(), Failed> {
-    let pid = child.id().to_string();
-    let (start, limit) = (Instant::now(), common::deadline());
-    let mut pause = Duration::from_millis(10);
-    loop {
-        if let Some(st) = child.try_wait()? {
-            return Err(format!("{what}: exited ({st}) before it was ready").into());
-        }
-        let out = Command::new("rdma")
-            .args(["resource", "show", "cm_id"])
-            .output()
-            .map_err(|e| format!("running `rdma resource show cm_id` (iproute2): {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let found = text.lines().any(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            words.windows(2).any(|w| w == ["pid", pid.as_str()]) && wanted(&words)
-        });
-        if found {
-            return Ok(());
-        }
-        ensure!(
-            start.elapsed() < limit,
-            "{what}: not ready after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine); \
-             `rdma resource show cm_id`:\n{text}"
-        );
-        // Each look runs a process: back off, to leave the machine to the
-        // program being waited for.
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-}
-
 /// The port's packet counters (sent, received), where the device has them
 /// (`hw_counters/sent_pkts` and `rcvd_pkts`, as soft-RoCE does).
 fn packets(env: &Env) -> Option<(u64, u64)> {
@@ -285,7 +196,10 @@ fn pair(
     let start = Instant::now();
     let mut srv = spawn(server.0, name, server.1)?;
     let what = format!("{:?} {name} {:?}", server.0, server.1);
-    if let Err(e) = wait_for_cm_id(&mut srv, &what, ready) {
+    // A CM id of the server process (`pid N` on the line) that is ready.
+    let pid = srv.id().to_string();
+    let mine = |w: &[&str]| w.windows(2).any(|p| p == ["pid", pid.as_str()]) && ready(w);
+    if let Err(e) = wait_for_cm_id(&mut srv, &what, mine) {
         let ran = finish(srv, Duration::ZERO)?;
         return Err(format!("{}\n{}", e.message().unwrap_or(""), ran.show()).into());
     }

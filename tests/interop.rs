@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 use rdma_verbs::{GidType, LinkLayer};
 
-use common::{Env, TestFn};
+use common::{rust_example, Env, TestFn};
 
 /// Which program plays which role.
 #[derive(Clone, Copy, Debug)]
@@ -144,32 +144,6 @@ fn run_n<const N: usize>(env: &Env) -> Result<(), Failed> {
     run(env, nth(N), 19_000 + N as u16)
 }
 
-/// The Rust example binary, built next to this test by `cargo test`.
-fn rust_example(name: &str) -> Result<PathBuf, Failed> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .ok_or("no target dir")?;
-    let path = dir.join("examples").join(name);
-    ensure!(
-        path.exists(),
-        "{} is not built (cargo test builds the examples)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// The C program, from PATH.
-fn c_program(name: &str) -> Result<PathBuf, Failed> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
-        .ok_or_else(|| format!("{name} not found: install rdma-core's ibverbs-utils").into())
-}
-
 /// The GID index the runs use: a RoCE v2 GID (IPv4-mapped if there is one)
 /// on Ethernet ports, none on InfiniBand.
 fn gid_index(env: &Env) -> Result<Option<u32>, Failed> {
@@ -236,7 +210,7 @@ fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), Failed> {
 fn run(env: &Env, r: &Run, tcp_port: u16) -> Result<(), Failed> {
     let program = |side: Side| -> Result<PathBuf, Failed> {
         match side {
-            Side::C => c_program(&format!("ibv_{}_pingpong", r.example)),
+            Side::C => on_path_c(&format!("ibv_{}_pingpong", r.example)),
             Side::Rust => rust_example(&format!("{}_pingpong", r.example)),
         }
     };
@@ -358,4 +332,9 @@ fn rdma_ops(env: &Env) -> Result<(), Failed> {
         .unwrap_or("");
     eprintln!("interop: {summary}");
     Ok(())
+}
+
+/// An rdma-core C program (ibverbs-utils).
+fn on_path_c(name: &str) -> Result<PathBuf, Failed> {
+    common::on_path(name, "rdma-core's ibverbs-utils")
 }

@@ -202,6 +202,70 @@ pub fn cm_addr(env: &Env) -> Result<std::net::IpAddr, Failed> {
         })
 }
 
+/// An example binary, built next to the test binary by `cargo test`.
+pub fn rust_example(name: &str) -> Result<std::path::PathBuf, Failed> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or("no target dir")?;
+    let path = dir.join("examples").join(name);
+    ensure!(
+        path.exists(),
+        "{} is not built (cargo test builds the examples)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// A program from PATH; a failure names the `package` to install.
+pub fn on_path(name: &str, package: &str) -> Result<std::path::PathBuf, Failed> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("{name} not found: install {package}").into())
+}
+
+/// Waits until `rdma resource show cm_id` lists a CM id for which `wanted`
+/// holds (given the line's words), while `child` runs: how a test knows
+/// that a server listens through the CM (which `ss` does not show).
+pub fn wait_for_cm_id(
+    child: &mut std::process::Child,
+    what: &str,
+    wanted: impl Fn(&[&str]) -> bool,
+) -> Result<(), Failed> {
+    let rdma = on_path("rdma", "iproute2 (the rdma tool)")?;
+    let (start, limit) = (std::time::Instant::now(), deadline());
+    let mut pause = std::time::Duration::from_millis(10);
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Err(format!("{what}: exited ({st}) before it was ready").into());
+        }
+        let out = std::process::Command::new(&rdma)
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .map_err(|e| format!("running `rdma resource show cm_id`: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text
+            .lines()
+            .any(|l| wanted(&l.split_whitespace().collect::<Vec<_>>()))
+        {
+            return Ok(());
+        }
+        ensure!(
+            start.elapsed() < limit,
+            "{what}: not ready after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine); \
+             `rdma resource show cm_id`:\n{text}"
+        );
+        // Each look runs a process: back off, to leave the machine to the
+        // program being waited for.
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Polls `cq` until exactly `n` completions arrived (or [`deadline`] passed).
 pub fn poll_n(
     cq: &rdma_verbs::CompletionQueue,
