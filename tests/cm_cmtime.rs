@@ -1,0 +1,482 @@
+//! The `cmtime` example against rdma-core's C `cmtime`, over the RDMA CM.
+//!
+//! Each pairing runs a server (`-b ADDR -p PORT`) and, once it listens, a
+//! client with `-c 10`: Rust client with C server (also once with the
+//! client's `-b`, which adds the "bind addr" step), C client with Rust
+//! server, and Rust with Rust. The client must exit 0 and print the
+//! progress lines and the whole table, every row with four numbers that
+//! agree with each other; the server must still be running when the client
+//! is done (cmtime's servers never exit), and print nothing.
+//!
+//! Two more compare the programs' output directly: both clients against a
+//! port nobody listens on (every connection rejected: the same lines, the
+//! same table rows, exit 0), and both with a bad option (the same usage
+//! text and exit status).
+//!
+//! The address is the test port's IPv4 address (its IPv4-mapped RoCE GID),
+//! or `RDMA_VERBS_CM_ADDR`. Needs the device (see `tests/common`), the C
+//! program (`cmtime`, rdma-core's rdmacm-utils) and the `rdma` tool
+//! (iproute2, to see when a server listens): without a device the tests
+//! are reported as ignored; with one but without the others they fail.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use std::io::Read;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::Failed;
+
+use common::{Env, TestFn};
+
+const TESTS: &[(&str, TestFn)] = &[
+    ("cm_cmtime::rust_client_c_server", rust_client_c_server),
+    (
+        "cm_cmtime::rust_client_bind_c_server",
+        rust_client_bind_c_server,
+    ),
+    ("cm_cmtime::c_client_rust_server", c_client_rust_server),
+    (
+        "cm_cmtime::rust_client_rust_server",
+        rust_client_rust_server,
+    ),
+    ("cm_cmtime::no_server_same_as_c", no_server_same_as_c),
+    ("cm_cmtime::bad_option_same_as_c", bad_option_same_as_c),
+];
+
+/// Connections per client run.
+const CONNS: usize = 10;
+
+fn main() -> std::process::ExitCode {
+    // Fixed ports and one device: one run at a time.
+    let mut args = libtest_mimic::Arguments::from_args();
+    args.test_threads = Some(1);
+    common::run_with("cm_cmtime", TESTS, args)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Side {
+    C,
+    Rust,
+}
+
+fn program(side: Side) -> Result<PathBuf, Failed> {
+    match side {
+        Side::C => c_cmtime(),
+        Side::Rust => rust_cmtime(),
+    }
+}
+
+/// The example binary, built next to this test by `cargo test`.
+fn rust_cmtime() -> Result<PathBuf, Failed> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .ok_or("no target dir")?;
+    let path = dir.join("examples").join("cmtime");
+    ensure!(
+        path.exists(),
+        "{} is not built (cargo test builds the examples)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// rdma-core's cmtime, from PATH.
+fn c_cmtime() -> Result<PathBuf, Failed> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("cmtime"))
+        .find(|p| p.exists())
+        .ok_or_else(|| "cmtime not found: install rdma-core's rdmacm-utils".into())
+}
+
+/// The IPv4 address of the test port (its IPv4-mapped RoCE GID), or
+/// `RDMA_VERBS_CM_ADDR`.
+fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
+    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
+        return a
+            .parse()
+            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
+    }
+    env.ctx
+        .gid_table()?
+        .iter()
+        .filter(|e| e.port == u32::from(env.port))
+        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
+        .map(IpAddr::V4)
+        .ok_or_else(|| {
+            format!(
+                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
+                env.port,
+                env.ctx.name()
+            )
+            .into()
+        })
+}
+
+/// What a finished process left: exit code (None: killed by a signal),
+/// stdout, stderr.
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn spawn(bin: &PathBuf, args: &[String]) -> Result<Child, Failed> {
+    Ok(Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", bin.display()))?)
+}
+
+/// Waits for `child` up to `limit` (then kills it: `code` None); collects
+/// its output.
+fn finish(mut child: Child, limit: Duration) -> Result<Output, Failed> {
+    let start = Instant::now();
+    let code = loop {
+        if let Some(st) = child.try_wait()? {
+            break st.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = Output {
+        code,
+        stdout: String::new(),
+        stderr: String::new(),
+    };
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_string(&mut out.stdout)?;
+    }
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut out.stderr)?;
+    }
+    Ok(out)
+}
+
+/// Runs a client to its end (two minutes, scaled, at most).
+fn client(bin: &PathBuf, args: &[String]) -> Result<Output, Failed> {
+    finish(spawn(bin, args)?, common::scaled(Duration::from_secs(120)))
+}
+
+/// Whether process `pid` has a CM id listening on `port`: `rdma resource
+/// show cm_id` lists them (a CM listener is no TCP socket).
+fn listening(pid: u32, port: u16) -> Result<bool, Failed> {
+    let out = Command::new("rdma")
+        .args(["resource", "show", "cm_id"])
+        .output()
+        .map_err(|e| format!("running `rdma resource show cm_id` (iproute2): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (pid, port) = (format!(" pid {pid} "), format!(":{port} "));
+    Ok(text
+        .lines()
+        .map(|l| format!("{l} "))
+        .any(|l| l.contains("state LISTEN") && l.contains(&pid) && l.contains(&port)))
+}
+
+/// A cmtime server on `addr`, `port`, once it listens.
+struct Server {
+    child: Child,
+    what: String,
+}
+
+impl Server {
+    fn start(side: Side, addr: IpAddr, port: u16) -> Result<Server, Failed> {
+        let what = format!("{side:?} server on {addr} port {port}");
+        let args = [
+            "-b".to_owned(),
+            addr.to_string(),
+            "-p".into(),
+            port.to_string(),
+        ];
+        let mut child = spawn(&program(side)?, &args)?;
+        let (start, limit) = (Instant::now(), common::deadline());
+        loop {
+            if listening(child.id(), port)? {
+                return Ok(Server { child, what });
+            }
+            if child.try_wait()?.is_some() || start.elapsed() > limit {
+                let out = finish(child, Duration::ZERO)?;
+                return Err(format!(
+                    "{what}: not listening after {:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)\n{out}",
+                    start.elapsed()
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Checks that the server still runs (cmtime's never exits), stops it
+    /// and checks that it printed nothing (stderr: no errors).
+    fn stop(mut self) -> Result<(), Failed> {
+        let early = self.child.try_wait()?;
+        let _ = self.child.kill();
+        let out = finish(self.child, common::deadline())?;
+        ensure!(
+            early.is_none(),
+            "{}: exited by itself ({early:?}) before it was stopped\n{out}",
+            self.what
+        );
+        ensure!(
+            out.stderr.is_empty(),
+            "{}: printed errors\n{out}",
+            self.what
+        );
+        Ok(())
+    }
+}
+
+const PROGRESS: [&str; 7] = [
+    "creating id",
+    "resolving address",
+    "resolving route",
+    "creating qp",
+    "connecting",
+    "disconnecting",
+    "destroying id",
+];
+const HEADER: &str = "step              total ms     max ms     min us  us / conn";
+const ROWS: [&str; 8] = [
+    "create id",
+    "bind addr",
+    "resolve addr",
+    "resolve route",
+    "create qp",
+    "connect",
+    "disconnect",
+    "destroy",
+];
+
+/// One table row: its step name and four columns (`%-13s: %11.2f x 4`).
+fn parse_row(line: &str) -> Option<(&str, Vec<f64>)> {
+    let (name, rest) = (line.get(..13)?, line.get(13..)?);
+    let rest = rest.strip_prefix(": ")?;
+    if rest.len() != 44 {
+        return None;
+    }
+    let cols: Option<Vec<f64>> = (0..4)
+        .map(|i| rest[i * 11..(i + 1) * 11].trim().parse::<f64>().ok())
+        .collect();
+    Some((name.trim_end(), cols?))
+}
+
+/// Checks a successful client's output: the progress lines in order, the
+/// header, every row (with `bind addr` when `bind`) with four numbers that
+/// fit together, no failed connection, nothing on stderr. Returns the
+/// rows.
+fn check_table(out: &Output, bind: bool) -> Result<Vec<(String, Vec<f64>)>, Failed> {
+    ensure!(out.code == Some(0), "client failed\n{out}");
+    ensure!(out.stderr.is_empty(), "client printed errors\n{out}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let mut progress: Vec<&str> = PROGRESS.to_vec();
+    if bind {
+        progress.insert(1, "binding source address");
+    }
+    let header = lines
+        .iter()
+        .position(|l| *l == HEADER)
+        .ok_or_else(|| format!("no table header\n{out}"))?;
+    ensure!(
+        lines[..header] == progress[..],
+        "progress lines differ (want {progress:?})\n{out}"
+    );
+    let want: Vec<&str> = ROWS
+        .iter()
+        .copied()
+        .filter(|r| bind || *r != "bind addr")
+        .collect();
+    let rows = &lines[header + 1..];
+    ensure!(
+        rows.len() == want.len(),
+        "{} table rows, want {}\n{out}",
+        rows.len(),
+        want.len()
+    );
+    let mut parsed = Vec::new();
+    for (line, name) in rows.iter().zip(&want) {
+        let (got, cols) =
+            parse_row(line).ok_or_else(|| format!("row without four numbers: {line:?}\n{out}"))?;
+        ensure!(got == *name, "row {got:?} where {name:?} belongs\n{out}");
+        let [total_ms, max_ms, min_us, per_conn] = cols[..] else {
+            unreachable!()
+        };
+        // Every connection had a sample, so min <= max <= total, and the
+        // total per connection is the total over CONNS (each printed
+        // rounded to 0.005).
+        ensure!(
+            min_us > 0.0 || *name == "create id" || *name == "destroy" || *name == "bind addr",
+            "{name}: min {min_us} us\n{out}"
+        );
+        ensure!(
+            min_us <= max_ms * 1000.0 + 5.0 && max_ms <= total_ms + 0.01,
+            "{name}: min {min_us} us, max {max_ms} ms, total {total_ms} ms do not fit\n{out}"
+        );
+        let slack = 5.0 + 0.005 * CONNS as f64 + 1.0;
+        let fits = (per_conn * CONNS as f64 - total_ms * 1000.0).abs() <= slack;
+        ensure!(
+            fits,
+            "{name}: {per_conn} us/conn is not {total_ms} ms / {CONNS}\n{out}"
+        );
+        parsed.push((got.to_owned(), cols));
+    }
+    Ok(parsed)
+}
+
+/// A server and a client of the given sides, the client with `-c 10` (and
+/// `-b` with the same address when `bind`); checks both.
+fn pairing(
+    env: &Env,
+    server: Side,
+    client_side: Side,
+    port: u16,
+    bind: bool,
+) -> Result<(), Failed> {
+    let addr = cm_addr(env)?;
+    let what = format!("{server:?} server, {client_side:?} client");
+    let srv = Server::start(server, addr, port)?;
+    let mut args = vec![
+        "-s".to_owned(),
+        addr.to_string(),
+        "-p".into(),
+        port.to_string(),
+        "-c".into(),
+        CONNS.to_string(),
+    ];
+    if bind {
+        args.extend(["-b".to_owned(), addr.to_string()]);
+    }
+    let out = client(&program(client_side)?, &args);
+    let stopped = srv.stop();
+    let out = out?;
+    let rows = check_table(&out, bind).map_err(|e| context(&what, e))?;
+    stopped.map_err(|e| context(&what, e))?;
+    let connect = rows
+        .iter()
+        .find(|(n, _)| n == "connect")
+        .map_or(0.0, |(_, c)| c[0]);
+    eprintln!("cm_cmtime: {what}, {CONNS} connections: connect {connect:.2} ms");
+    Ok(())
+}
+
+/// `e` with `what` in front.
+fn context(what: &str, e: Failed) -> Failed {
+    format!("{what}: {}", e.message().unwrap_or("failed")).into()
+}
+
+fn rust_client_c_server(env: &Env) -> Result<(), Failed> {
+    pairing(env, Side::C, Side::Rust, 7611, false)
+}
+
+fn rust_client_bind_c_server(env: &Env) -> Result<(), Failed> {
+    pairing(env, Side::C, Side::Rust, 7612, true)
+}
+
+fn c_client_rust_server(env: &Env) -> Result<(), Failed> {
+    pairing(env, Side::Rust, Side::C, 7613, false)
+}
+
+fn rust_client_rust_server(env: &Env) -> Result<(), Failed> {
+    pairing(env, Side::Rust, Side::Rust, 7614, false)
+}
+
+/// The output without its numbers: each table row's step name and its
+/// column widths, where a step without samples runs its min into the max
+/// column (`0.001000000000.00`) in both programs.
+fn shape(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .map(|l| match parse_row(l) {
+            Some((name, _)) => format!("{name}: (4 numbers)"),
+            None if l.contains(": ") && l.contains("1000000000.00") => {
+                let name = l.split(':').next().unwrap_or("").trim_end();
+                format!("{name}: (no samples)")
+            }
+            None => l.to_owned(),
+        })
+        .collect()
+}
+
+/// Both clients against a port nobody listens on: every connection is
+/// rejected; the same lines (rejections included), the same rows, exit 0.
+fn no_server_same_as_c(env: &Env) -> Result<(), Failed> {
+    let addr = cm_addr(env)?;
+    let args: Vec<String> = ["-s", &addr.to_string(), "-p", "7619", "-c", "3"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let c = client(&c_cmtime()?, &args)?;
+    let rust = client(&rust_cmtime()?, &args)?;
+    let both = format!("=== C\n{c}=== Rust\n{rust}");
+    ensure!(
+        c.code == Some(0) && rust.code == Some(0),
+        "exit codes differ from 0\n{both}"
+    );
+    let rejected = "event: RDMA_CM_EVENT_REJECTED, error: 8";
+    ensure!(
+        rust.stdout.matches(rejected).count() == 3,
+        "the Rust client did not report 3 rejections\n{both}"
+    );
+    ensure!(
+        shape(&c.stdout) == shape(&rust.stdout),
+        "outputs differ: C {:#?}\nRust {:#?}\n{both}",
+        shape(&c.stdout),
+        shape(&rust.stdout)
+    );
+    ensure!(
+        shape(&rust.stdout).contains(&"disconnect: (no samples)".to_owned()),
+        "no sample-less disconnect row\n{both}"
+    );
+    Ok(())
+}
+
+/// A bad option: usage text on stdout, getopt's message on stderr, exit 1,
+/// as the C program.
+fn bad_option_same_as_c(_env: &Env) -> Result<(), Failed> {
+    for args in [&["-x"][..], &["-s"][..]] {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let (cbin, rbin) = (c_cmtime()?, rust_cmtime()?);
+        let c = client(&cbin, &args)?;
+        let rust = client(&rbin, &args)?;
+        let both = format!("=== C\n{c}=== Rust\n{rust}");
+        let norm = |s: &str, bin: &PathBuf| s.replace(&bin.display().to_string(), "cmtime");
+        ensure!(
+            c.code == Some(1) && rust.code == Some(1),
+            "{args:?}: exit codes\n{both}"
+        );
+        ensure!(
+            norm(&c.stdout, &cbin) == norm(&rust.stdout, &rbin)
+                && rust.stdout.starts_with("usage: "),
+            "{args:?}: usage differs\n{both}"
+        );
+        ensure!(
+            norm(&c.stderr, &cbin) == norm(&rust.stderr, &rbin),
+            "{args:?}: getopt's message differs\n{both}"
+        );
+    }
+    Ok(())
+}
