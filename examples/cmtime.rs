@@ -533,7 +533,7 @@ impl QpMaker {
         let at = match self
             .devices
             .iter()
-            .position(|(pd, _, _)| pd.context().name() == ctx.name())
+            .position(|(pd, _, _)| pd.context().same_as(&ctx))
         {
             Some(at) => at,
             None => {

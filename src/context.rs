@@ -424,7 +424,12 @@ impl Context {
     }
 
     /// Whether `other` is a handle to the same open device context.
-    pub(crate) fn same_as(&self, other: &Context) -> bool {
+    /// Whether `self` and `other` are handles of one open context (so that
+    /// objects of one can be used with objects of the other). Two
+    /// [`open`](Self::open)s of one device are two contexts; every CM id on
+    /// a device shares one ([`CmId::context`](crate::cm::CmId::context),
+    /// with the `cm` feature).
+    pub fn same_as(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 }

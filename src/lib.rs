@@ -75,6 +75,8 @@
 //! program. This crate never creates thread domains
 //! (`ibv_alloc_td`), the other way of turning the locks off.
 #![warn(missing_docs)]
+// The docs link to `cm` items, which do not exist without the feature.
+#![cfg_attr(not(feature = "cm"), allow(rustdoc::broken_intra_doc_links))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 

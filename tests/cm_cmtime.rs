@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 
-use common::{Env, TestFn};
+use common::{cm_addr, Env, TestFn};
 
 const TESTS: &[(&str, TestFn)] = &[
     ("cm_cmtime::rust_client_c_server", rust_client_c_server),
@@ -66,59 +66,9 @@ enum Side {
 
 fn program(side: Side) -> Result<PathBuf, Failed> {
     match side {
-        Side::C => c_cmtime(),
-        Side::Rust => rust_cmtime(),
+        Side::C => common::on_path("cmtime", "rdma-core's rdmacm-utils"),
+        Side::Rust => common::rust_example("cmtime"),
     }
-}
-
-/// The example binary, built next to this test by `cargo test`.
-fn rust_cmtime() -> Result<PathBuf, Failed> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .ok_or("no target dir")?;
-    let path = dir.join("examples").join("cmtime");
-    ensure!(
-        path.exists(),
-        "{} is not built (cargo test builds the examples)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// rdma-core's cmtime, from PATH.
-fn c_cmtime() -> Result<PathBuf, Failed> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("cmtime"))
-        .find(|p| p.exists())
-        .ok_or_else(|| "cmtime not found: install rdma-core's rdmacm-utils".into())
-}
-
-/// The IPv4 address of the test port (its IPv4-mapped RoCE GID), or
-/// `RDMA_VERBS_CM_ADDR`.
-fn cm_addr(env: &Env) -> Result<IpAddr, Failed> {
-    if let Ok(a) = std::env::var("RDMA_VERBS_CM_ADDR") {
-        return a
-            .parse()
-            .map_err(|e| format!("RDMA_VERBS_CM_ADDR={a}: {e}").into());
-    }
-    env.ctx
-        .gid_table()?
-        .iter()
-        .filter(|e| e.port == u32::from(env.port))
-        .find_map(|e| e.gid.as_ipv6().to_ipv4_mapped())
-        .map(IpAddr::V4)
-        .ok_or_else(|| {
-            format!(
-                "port {} of {} has no IPv4 GID; set RDMA_VERBS_CM_ADDR to its IP address",
-                env.port,
-                env.ctx.name()
-            )
-            .into()
-        })
 }
 
 /// What a finished process left: exit code (None: killed by a signal),
@@ -183,21 +133,6 @@ fn client(bin: &PathBuf, args: &[String]) -> Result<Output, Failed> {
     finish(spawn(bin, args)?, common::scaled(Duration::from_secs(120)))
 }
 
-/// Whether process `pid` has a CM id listening on `port`: `rdma resource
-/// show cm_id` lists them (a CM listener is no TCP socket).
-fn listening(pid: u32, port: u16) -> Result<bool, Failed> {
-    let out = Command::new("rdma")
-        .args(["resource", "show", "cm_id"])
-        .output()
-        .map_err(|e| format!("running `rdma resource show cm_id` (iproute2): {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let (pid, port) = (format!(" pid {pid} "), format!(":{port} "));
-    Ok(text
-        .lines()
-        .map(|l| format!("{l} "))
-        .any(|l| l.contains("state LISTEN") && l.contains(&pid) && l.contains(&port)))
-}
-
 /// A cmtime server on `addr`, `port`, once it listens.
 struct Server {
     child: Child,
@@ -214,20 +149,19 @@ impl Server {
             port.to_string(),
         ];
         let mut child = spawn(&program(side)?, &args)?;
-        let (start, limit) = (Instant::now(), common::deadline());
-        loop {
-            if listening(child.id(), port)? {
-                return Ok(Server { child, what });
-            }
-            if child.try_wait()?.is_some() || start.elapsed() > limit {
+        let (pid, port) = (child.id().to_string(), format!(":{port}"));
+        let ready = |w: &[&str]| {
+            w.windows(2).any(|p| p == ["pid", pid.as_str()])
+                && w.windows(2).any(|p| p == ["state", "LISTEN"])
+                && w.iter().any(|x| x.ends_with(port.as_str()))
+        };
+        match common::wait_for_cm_id(&mut child, &what, ready) {
+            Ok(()) => Ok(Server { child, what }),
+            Err(e) => {
+                let _ = child.kill();
                 let out = finish(child, Duration::ZERO)?;
-                return Err(format!(
-                    "{what}: not listening after {:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)\n{out}",
-                    start.elapsed()
-                )
-                .into());
+                Err(format!("{e:?}\n{out}").into())
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -429,8 +363,11 @@ fn no_server_same_as_c(env: &Env) -> Result<(), Failed> {
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let c = client(&c_cmtime()?, &args)?;
-    let rust = client(&rust_cmtime()?, &args)?;
+    let c = client(
+        &common::on_path("cmtime", "rdma-core's rdmacm-utils")?,
+        &args,
+    )?;
+    let rust = client(&common::rust_example("cmtime")?, &args)?;
     let both = format!("=== C\n{c}=== Rust\n{rust}");
     ensure!(
         c.code == Some(0) && rust.code == Some(0),
@@ -459,7 +396,10 @@ fn no_server_same_as_c(env: &Env) -> Result<(), Failed> {
 fn bad_option_same_as_c(_env: &Env) -> Result<(), Failed> {
     for args in [&["-x"][..], &["-s"][..]] {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let (cbin, rbin) = (c_cmtime()?, rust_cmtime()?);
+        let (cbin, rbin) = (
+            common::on_path("cmtime", "rdma-core's rdmacm-utils")?,
+            common::rust_example("cmtime")?,
+        );
         let c = client(&cbin, &args)?;
         let rust = client(&rbin, &args)?;
         let both = format!("=== C\n{c}=== Rust\n{rust}");

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,10 @@ pub(crate) struct ChannelInner {
     /// Held around every librdmacm call that reads or writes the fields of
     /// this channel's ids (see the module docs of [`crate::cm`]).
     lock: Mutex<()>,
+    /// Whether the last read found an event (more may be queued): then the
+    /// next read tries at once; otherwise it waits in poll(2) first, which
+    /// saves a failing `rdma_get_cm_event` per wait.
+    busy: AtomicBool,
 }
 
 // SAFETY: the channel is a file descriptor in a malloc'd struct that
@@ -90,6 +95,7 @@ impl EventChannel {
         let inner = Arc::new(ChannelInner {
             raw,
             lock: Mutex::new(()),
+            busy: AtomicBool::new(false),
         });
         // Waiting happens in poll(2), never inside rdma_get_cm_event with
         // the lock held.
@@ -160,10 +166,16 @@ impl EventChannel {
 
     fn next(&self, wait: Option<Duration>) -> Result<Option<CmEvent>> {
         let deadline = wait.map(|w| Instant::now() + w);
+        let mut try_first = self.inner.busy.load(Ordering::Relaxed) || wait == Some(Duration::ZERO);
         loop {
-            if let Some(event) = self.read_one()? {
-                return Ok(Some(event));
+            if try_first {
+                if let Some(event) = self.read_one()? {
+                    self.inner.busy.store(true, Ordering::Relaxed);
+                    return Ok(Some(event));
+                }
+                self.inner.busy.store(false, Ordering::Relaxed);
             }
+            try_first = true;
             let timeout_ms = match deadline {
                 None => -1,
                 Some(d) => {
