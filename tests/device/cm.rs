@@ -27,6 +27,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("cm::own_qps_moved_with_init_qp_attr", own_qps),
     ("cm::uc_own_qps_on_a_tcp_id", uc_own_qps),
     ("cm::ud_connect_and_datagram", ud_connect),
+    ("cm::ud_connect_to_nobody_is_unreachable", ud_unreachable),
     ("cm::multicast_join_send_leave", multicast),
     ("cm::checks_before_any_call", checks_before_any_call),
     ("cm::held_event_keeps_its_id", held_event_keeps_its_id),
@@ -273,7 +274,8 @@ fn server_disconnects_first(env: &Env) -> Result<(), Failed> {
 }
 
 fn reject_with_private_data(env: &Env) -> Result<(), Failed> {
-    let (Setup { cch, client, .. }, c, mut req) = requested(env)?;
+    let (k, c, mut req) = requested(env)?;
+    let (cch, client) = (&k.cch, &k.client);
     let server = req.take_request().ok_or("no new id")?;
     ensure!(
         matches!(
@@ -287,7 +289,7 @@ fn reject_with_private_data(env: &Env) -> Result<(), Failed> {
         .get_event_timeout(t())?
         .ok_or("no event after the reject")?;
     ensure!(
-        ev.kind() == CmEventKind::Rejected && ev.is_for(&client),
+        ev.kind() == CmEventKind::Rejected && ev.is_for(client),
         "got {ev:?}"
     );
     ensure!(
@@ -539,6 +541,31 @@ fn ud_connect(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
+fn ud_unreachable(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
+    // A UDP port that was listened on and is free again.
+    let (l, addr) = listener(&sch, ip, PortSpace::Udp)?;
+    l.close()?;
+    let client = resolved(&cch, addr, PortSpace::Udp)?;
+    let c = cm_qp(&client, QpType::Ud)?;
+    client.connect(&ConnParam::new())?;
+    // The SIDR request finds no service: an UNREACHABLE event whose status
+    // is the SIDR reply's status (1: no such service id).
+    let err = cch.expect(CmEventKind::Established, t()).unwrap_err();
+    match &err {
+        Error::CmEvent { got, status, .. } => {
+            ensure!(*got == "RDMA_CM_EVENT_UNREACHABLE", "{err}");
+            ensure!(*status != 0, "status 0 in {err}");
+        }
+        other => return Err(format!("expected UNREACHABLE, got {other}").into()),
+    }
+    eprintln!("cm: SIDR to {addr} without listener: {err}");
+    // A UD QP is not moved by the CM's failure: still RTS.
+    state_is(&c.qp, QpState::Rts, "UD client QP after UNREACHABLE")?;
+    Ok(())
+}
+
 fn multicast(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
@@ -694,10 +721,13 @@ fn held_event_keeps_its_id(env: &Env) -> Result<(), Failed> {
 }
 
 fn untaken_request(env: &Env) -> Result<(), Failed> {
-    let (Setup { cch, .. }, c, req) = requested(env)?;
+    // Everything of `requested` lives to the end (a `..` pattern would drop
+    // the client id at once, and its answer with it).
+    let (k, c, req) = requested(env)?;
     // Dropped without taking the new id: the kernel rejects.
     drop(req);
-    let ev = cch
+    let ev = k
+        .cch
         .get_event_timeout(t())?
         .ok_or("no answer to the dropped request")?;
     ensure!(
