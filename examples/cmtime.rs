@@ -76,6 +76,9 @@
 
 #![forbid(unsafe_code)]
 
+#[path = "common/gai.rs"]
+mod gai;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufWriter, IsTerminal, Write};
@@ -417,32 +420,12 @@ fn parse_args() -> Result<Options, ExitCode> {
 // ---------------------------------------------------------------------------
 // Addresses, as `rdma_getaddrinfo` finds them for the C program.
 
-/// glibc's `gai_strerror` texts and their `EAI_*` codes.
-const GAI_ERRORS: [(i32, &str); 12] = [
-    (-1, "Bad value for ai_flags"),
-    (-2, "Name or service not known"),
-    (-3, "Temporary failure in name resolution"),
-    (-4, "Non-recoverable failure in name resolution"),
-    (-5, "No address associated with hostname"),
-    (-6, "ai_family not supported"),
-    (-7, "ai_socktype not supported"),
-    (-8, "Servname not supported for ai_socktype"),
-    (-9, "Address family for hostname not supported"),
-    (-10, "Memory allocation failure"),
-    (-11, "System error"),
-    (-12, "Argument buffer overflow"),
-];
-
 /// A failed lookup: the `EAI_*` code and its text.
 struct GaiError(i32, String);
 
 impl GaiError {
     fn of(code: i32) -> Self {
-        let text = GAI_ERRORS
-            .iter()
-            .find(|(c, _)| *c == code)
-            .map_or("Unknown error", |(_, t)| t);
-        GaiError(code, text.to_owned())
+        GaiError(code, gai::text_of(code).to_owned())
     }
 }
 
@@ -481,13 +464,9 @@ fn lookup(host: Option<&str>, port: u16) -> Result<SocketAddr, GaiError> {
         Ok(mut addrs) => addrs.next().ok_or_else(|| GaiError::of(-5)),
         Err(e) => {
             // std says "failed to lookup address information: <gai_strerror>".
-            let msg = e.to_string();
-            let text = msg.rsplit(": ").next().unwrap_or(&msg);
-            let code = GAI_ERRORS
-                .iter()
-                .find(|(_, t)| *t == text)
-                .map_or(-11, |(c, _)| *c);
-            Err(GaiError(code, text.to_owned()))
+            let text = gai::text_in(&e);
+            let code = gai::code_of(&text).unwrap_or(-11);
+            Err(GaiError(code, text))
         }
     }
 }

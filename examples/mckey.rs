@@ -154,21 +154,8 @@ fn main() {
         say("mckey: unable to allocate memory for test nodes");
         exit(1)
     };
-    for node in &mut nodes {
-        let Some(ps) = PortSpace::from_raw(o.port_space) else {
-            exit(1)
-        };
-        match ch.create_id(ps) {
-            Ok(id) => node.id = Some(id),
-            Err(_) => exit(1),
-        }
-    }
-    let t = Test {
-        prog: "mckey",
-        count: o.count,
-        size: o.size,
-        connects_left: o.connections,
-    };
+    ud_cm::create_ids(&ch, &mut nodes, o.port_space);
+    let t = Test::new("mckey", o.count, o.size, o.connections);
     let mut m = Mckey {
         o,
         t,

@@ -98,6 +98,8 @@ mod cb;
 mod client;
 #[path = "rping/conn.rs"]
 mod conn;
+#[path = "common/gai.rs"]
+mod gai;
 #[path = "rping/opts.rs"]
 mod opts;
 #[path = "rping/out.rs"]

@@ -152,22 +152,9 @@ fn main() {
         exit(1)
     };
     if o.dst.is_some() {
-        for node in &mut nodes {
-            let Some(ps) = PortSpace::from_raw(o.port_space) else {
-                exit(1)
-            };
-            match ch.create_id(ps) {
-                Ok(id) => node.id = Some(id),
-                Err(_) => exit(1),
-            }
-        }
+        ud_cm::create_ids(&ch, &mut nodes, o.port_space);
     }
-    let t = Test {
-        prog: "udaddy",
-        count: o.count,
-        size: o.size,
-        connects_left: o.connections,
-    };
+    let t = Test::new("udaddy", o.count, o.size, o.connections);
     let mut u = Udaddy {
         o,
         t,

@@ -13,6 +13,9 @@ use std::io::{self, IsTerminal, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::Mutex;
 
+#[path = "gai.rs"]
+mod gai;
+
 use rdma_verbs::cm::{CmId, EventChannel, UDP_QKEY};
 use rdma_verbs::qp::{QKey, QpNum, RecvWr, SendOp, SendWr};
 use rdma_verbs::{
@@ -320,32 +323,12 @@ pub struct GaiError {
     pub text: String,
 }
 
-/// glibc's `EAI_*` codes and their `gai_strerror` texts.
-const GAI_ERRORS: &[(i32, &str)] = &[
-    (-1, "Bad value for ai_flags"),
-    (-2, "Name or service not known"),
-    (-3, "Temporary failure in name resolution"),
-    (-4, "Non-recoverable failure in name resolution"),
-    (-5, "No address associated with hostname"),
-    (-6, "ai_family not supported"),
-    (-7, "ai_socktype not supported"),
-    (-8, "Servname not supported for ai_socktype"),
-    (-9, "Address family for hostname not supported"),
-    (-10, "Memory allocation failure"),
-    (-11, "System error"),
-    (-12, "Argument buffer overflow"),
-];
-
 impl GaiError {
     /// The error for `EAI_*` code `code`.
     pub fn code(code: i32) -> Self {
-        let text = GAI_ERRORS
-            .iter()
-            .find(|(c, _)| *c == code)
-            .map_or("Unknown error", |(_, t)| t);
         GaiError {
             code,
-            text: text.to_owned(),
+            text: gai::text_of(code).to_owned(),
         }
     }
 
@@ -353,15 +336,8 @@ impl GaiError {
     /// message is "failed to lookup address information: " and the
     /// `gai_strerror` text (or an OS error, for `EAI_SYSTEM`).
     fn from_io(e: &io::Error) -> Self {
-        let msg = e.to_string();
-        let text = msg
-            .strip_prefix("failed to lookup address information: ")
-            .unwrap_or(&msg);
-        match GAI_ERRORS.iter().find(|(_, t)| *t == text) {
-            Some(&(code, t)) => GaiError {
-                code,
-                text: t.to_owned(),
-            },
+        match gai::code_of(&gai::text_in(e)) {
+            Some(code) => GaiError::code(code),
             None => GaiError::code(-11),
         }
     }
@@ -675,6 +651,32 @@ pub fn alloc_nodes(connections: i32) -> Option<Vec<Node>> {
     nodes.try_reserve_exact(n).ok()?;
     nodes.resize_with(n, Node::default);
     Some(nodes)
+}
+
+/// An id in port space `ps` (a C enum value) for every node, on `ch`;
+/// exits with status 1, as the C programs do, when one cannot be made.
+pub fn create_ids(ch: &EventChannel, nodes: &mut [Node], ps: u32) {
+    for node in nodes {
+        let Some(ps) = rdma_verbs::cm::PortSpace::from_raw(ps) else {
+            exit(1)
+        };
+        match ch.create_id(ps) {
+            Ok(id) => node.id = Some(id),
+            Err(_) => exit(1),
+        }
+    }
+}
+
+impl Test {
+    /// The settings of `prog` for `connections` nodes.
+    pub fn new(prog: &'static str, count: i32, size: i32, connections: i32) -> Self {
+        Test {
+            prog,
+            count,
+            size,
+            connects_left: connections,
+        }
+    }
 }
 
 impl Node {

@@ -46,6 +46,26 @@ pub enum State {
     Error,
 }
 
+impl State {
+    /// The name of the C program's enum value, without its `rping`-less
+    /// prefix (`RDMA_READ_ADV`).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            State::Idle => "IDLE",
+            State::ConnectRequest => "CONNECT_REQUEST",
+            State::AddrResolved => "ADDR_RESOLVED",
+            State::RouteResolved => "ROUTE_RESOLVED",
+            State::Connected => "CONNECTED",
+            State::RdmaReadAdv => "RDMA_READ_ADV",
+            State::RdmaReadComplete => "RDMA_READ_COMPLETE",
+            State::RdmaWriteAdv => "RDMA_WRITE_ADV",
+            State::RdmaWriteComplete => "RDMA_WRITE_COMPLETE",
+            State::Disconnected => "DISCONNECTED",
+            State::Error => "ERROR",
+        }
+    }
+}
+
 impl std::fmt::Display for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", *self as i32)
@@ -285,6 +305,35 @@ impl<'a> Cb<'a> {
     /// `sem_post`.
     pub fn post(&mut self) {
         self.posts += 1;
+    }
+
+    /// [`wait`](Self::wait) for `want`; any other state is the C
+    /// program's `wait for WANT state N` line and -1.
+    pub fn wait_for(&mut self, want: State) -> Result<(), i32> {
+        let state = self.wait();
+        if state == want {
+            return Ok(());
+        }
+        eprintln!("wait for {} state {state}", want.c_name());
+        Err(-1)
+    }
+
+    /// [`wait`](Self::wait) for a connection request and take its new id;
+    /// anything else is the C program's `wait for CONNECT_REQUEST state N`
+    /// line and -1.
+    pub fn wait_request(&mut self) -> Result<CmId, i32> {
+        let state = self.wait();
+        match self
+            .requests
+            .pop_front()
+            .filter(|_| state == State::ConnectRequest)
+        {
+            Some(child) => Ok(child),
+            None => {
+                eprintln!("wait for CONNECT_REQUEST state {state}");
+                Err(-1)
+            }
+        }
     }
 
     /// `sem_wait`, then the state: handles events and completions until

@@ -45,11 +45,7 @@ fn connect_client(cb: &mut Cb<'_>, id: &CmId, o: &Opts) -> Result<(), i32> {
         out::perror("rdma_connect", &e);
         -1
     })?;
-    let state = cb.wait();
-    if state != State::Connected {
-        eprintln!("wait for CONNECTED state {state}");
-        return Err(-1);
-    }
+    cb.wait_for(State::Connected)?;
     if o.self_create_qp {
         let conn = cb.conn.as_mut().ok_or(-1)?;
         self_modify_qp(id, &mut conn.qp).map_err(|e| {
@@ -93,10 +89,8 @@ fn test_client(cb: &mut Cb<'_>, o: &Opts) -> i32 {
             break;
         }
         // Wait for the server to have read it.
-        let state = cb.wait();
-        if state != State::RdmaWriteAdv {
-            eprintln!("wait for RDMA_WRITE_ADV state {state}");
-            ret = -1;
+        if let Err(e) = cb.wait_for(State::RdmaWriteAdv) {
+            ret = e;
             break;
         }
         if let Err(e) = send_info(cb, Some(sink_info)) {
@@ -105,10 +99,8 @@ fn test_client(cb: &mut Cb<'_>, o: &Opts) -> i32 {
             break;
         }
         // Wait for the server to have written it back.
-        let state = cb.wait();
-        if state != State::RdmaWriteComplete {
-            eprintln!("wait for RDMA_WRITE_COMPLETE state {state}");
-            ret = -1;
+        if let Err(e) = cb.wait_for(State::RdmaWriteComplete) {
+            ret = e;
             break;
         }
         let Some(conn) = cb.conn.as_ref() else {

@@ -162,23 +162,6 @@ pub fn atoi(s: &str) -> i32 {
     v as i32
 }
 
-/// glibc's `gai_strerror` texts and their `EAI_*` codes, to turn the text
-/// of a failed lookup back into the code the C program exits with.
-const GAI_ERRORS: &[(&str, i32)] = &[
-    ("Bad value for ai_flags", -1),
-    ("Name or service not known", -2),
-    ("Temporary failure in name resolution", -3),
-    ("Non-recoverable failure in name resolution", -4),
-    ("No address associated with hostname", -5),
-    ("ai_family not supported", -6),
-    ("ai_socktype not supported", -7),
-    ("Servname not supported for ai_socktype", -8),
-    ("Address family for hostname not supported", -9),
-    ("Memory allocation failure", -10),
-    ("System error", -11),
-    ("Argument buffer overflow", -12),
-];
-
 /// `get_addr`: the first address `getaddrinfo(name)` gives. On failure
 /// prints the C program's line (stdout) and returns the `EAI_*` code.
 fn get_addr(name: &str) -> Result<SocketAddr, i32> {
@@ -190,15 +173,8 @@ fn get_addr(name: &str) -> Result<SocketAddr, i32> {
             let (text, code) = if e.raw_os_error().is_some() {
                 ("System error".to_owned(), -11)
             } else {
-                let msg = e.to_string();
-                let text = msg
-                    .strip_prefix("failed to lookup address information: ")
-                    .unwrap_or(&msg)
-                    .to_owned();
-                let code = GAI_ERRORS
-                    .iter()
-                    .find(|(t, _)| *t == text)
-                    .map_or(-2, |&(_, c)| c);
+                let text = crate::gai::text_in(&e);
+                let code = crate::gai::code_of(&text).unwrap_or(-2);
                 (text, code)
             };
             outln!("getaddrinfo failed ({text}) - invalid hostname or IP address");

@@ -59,10 +59,8 @@ fn test_server(cb: &mut Cb<'_>, o: &Opts) -> i32 {
     let mut ret;
     loop {
         // Wait for the client's source buffer.
-        let state = cb.wait();
-        if state != State::RdmaReadAdv {
-            eprintln!("wait for RDMA_READ_ADV state {state}");
-            ret = -1;
+        if let Err(e) = cb.wait_for(State::RdmaReadAdv) {
+            ret = e;
             break;
         }
         debug_log!("server received sink adv");
@@ -73,10 +71,8 @@ fn test_server(cb: &mut Cb<'_>, o: &Opts) -> i32 {
             break;
         }
         debug_log!("server posted rdma read req ");
-        let state = cb.wait();
-        if state != State::RdmaReadComplete {
-            eprintln!("wait for RDMA_READ_COMPLETE state {state}");
-            ret = -1;
+        if let Err(e) = cb.wait_for(State::RdmaReadComplete) {
+            ret = e;
             break;
         }
         debug_log!("server received read complete");
@@ -94,10 +90,8 @@ fn test_server(cb: &mut Cb<'_>, o: &Opts) -> i32 {
         debug_log!("server posted go ahead");
 
         // Wait for the client's sink buffer.
-        let state = cb.wait();
-        if state != State::RdmaWriteAdv {
-            eprintln!("wait for RDMA_WRITE_ADV state {state}");
-            ret = -1;
+        if let Err(e) = cb.wait_for(State::RdmaWriteAdv) {
+            ret = e;
             break;
         }
         debug_log!("server received sink adv");
@@ -106,10 +100,8 @@ fn test_server(cb: &mut Cb<'_>, o: &Opts) -> i32 {
             eprintln!("post send error {ret}");
             break;
         }
-        let state = cb.wait();
-        if state != State::RdmaWriteComplete {
-            eprintln!("wait for RDMA_WRITE_COMPLETE state {state}");
-            ret = -1;
+        if let Err(e) = cb.wait_for(State::RdmaWriteComplete) {
+            ret = e;
             break;
         }
         debug_log!("server rdma write complete ");
@@ -244,14 +236,9 @@ pub fn run_server(
         return ret;
     }
     let mut cb = Cb::new(true, rx, id.key());
-    let state = cb.wait();
-    let Some(child) = cb
-        .requests
-        .pop_front()
-        .filter(|_| state == State::ConnectRequest)
-    else {
-        eprintln!("wait for CONNECT_REQUEST state {state}");
-        return -1;
+    let child = match cb.wait_request() {
+        Ok(child) => child,
+        Err(ret) => return ret,
     };
     let child = Arc::new(child);
     cb::route(routes, child.key(), tx.clone(), Some(child.clone()));
@@ -272,14 +259,9 @@ pub fn run_persistent_server(
     }
     let mut listening = Cb::new(true, rx, id.key());
     loop {
-        let state = listening.wait();
-        let Some(child) = listening
-            .requests
-            .pop_front()
-            .filter(|_| state == State::ConnectRequest)
-        else {
-            eprintln!("wait for CONNECT_REQUEST state {state}");
-            return -1;
+        let child = match listening.wait_request() {
+            Ok(child) => child,
+            Err(ret) => return ret,
         };
         let (tx, rx) = mpsc::channel();
         let child = Arc::new(child);
