@@ -322,13 +322,7 @@ impl Mckey {
             CmEventKind::AddrResolved => node.map_or(0, |i| self.addr_handler(i)),
             CmEventKind::MulticastJoin => node.map_or(0, |i| self.join_handler(i, ev)),
             CmEventKind::AddrError | CmEventKind::RouteError | CmEventKind::MulticastError => {
-                say(format_args!(
-                    "mckey: event: {}, error: {}",
-                    ev.kind().c_name(),
-                    ev.status()
-                ));
-                self.t.connects_left -= 1;
-                ev.status()
+                self.t.event_error(ev)
             }
             _ => 0,
         }

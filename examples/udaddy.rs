@@ -328,15 +328,7 @@ impl Udaddy {
             | CmEventKind::RouteError
             | CmEventKind::ConnectError
             | CmEventKind::Unreachable
-            | CmEventKind::Rejected => {
-                say(format_args!(
-                    "udaddy: event: {}, error: {}",
-                    ev.kind().c_name(),
-                    ev.status()
-                ));
-                self.t.connects_left -= 1;
-                ev.status()
-            }
+            | CmEventKind::Rejected => self.t.event_error(&ev),
             _ => 0,
         }
     }

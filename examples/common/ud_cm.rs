@@ -668,6 +668,19 @@ pub fn create_ids(ch: &EventChannel, nodes: &mut [Node], ps: u32) {
 }
 
 impl Test {
+    /// An error event: the C programs' `PROG: event: NAME, error: STATUS`
+    /// line; one node fewer to wait for; the status as the handler's result.
+    pub fn event_error(&mut self, ev: &rdma_verbs::cm::CmEvent) -> i32 {
+        say(format_args!(
+            "{}: event: {}, error: {}",
+            self.prog,
+            ev.kind().c_name(),
+            ev.status()
+        ));
+        self.connects_left -= 1;
+        ev.status()
+    }
+
     /// The settings of `prog` for `connections` nodes.
     pub fn new(prog: &'static str, count: i32, size: i32, connections: i32) -> Self {
         Test {

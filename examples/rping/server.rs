@@ -7,8 +7,9 @@ use std::thread;
 
 use rdma_verbs::cm::{CmId, ConnParam};
 use rdma_verbs::qp::{RemoteAddr, SendOp, SendWr};
+use rdma_verbs::Chunk;
 
-use crate::cb::{self, Cb, Routes, State, WR_RDMA};
+use crate::cb::{self, Cb, Conn, Routes, State, WR_RDMA};
 use crate::conn::{
     c_str, conn_param, disconnect, free_buffers, print_c_str, self_modify_qp, send_info, setup,
 };
@@ -150,16 +151,7 @@ fn read_remote(cb: &mut Cb<'_>) -> i32 {
         addr: remote.addr,
         rkey: remote.rkey,
     });
-    match conn
-        .qp
-        .post_send([SendWr::new(WR_RDMA, op).sge_len(chunk, len)])
-    {
-        Ok(()) => 0,
-        Err(mut e) => {
-            conn.rdma = e.returned.pop();
-            out::ret_of(&e.error)
-        }
-    }
+    post_rdma(conn, op, chunk, len)
 }
 
 /// Posts the RDMA WRITE of our buffer's string (`strlen + 1` bytes) to the
@@ -182,6 +174,12 @@ fn write_remote(cb: &mut Cb<'_>) -> i32 {
         addr: remote.addr,
         rkey: remote.rkey,
     });
+    post_rdma(conn, op, chunk, len)
+}
+
+/// Posts one RDMA request on `len` bytes of our buffer `chunk`; the C
+/// return value of the post (a refused post gives the buffer back).
+fn post_rdma(conn: &mut Conn, op: SendOp, chunk: Chunk, len: usize) -> i32 {
     match conn
         .qp
         .post_send([SendWr::new(WR_RDMA, op).sge_len(chunk, len)])
