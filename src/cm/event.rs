@@ -212,10 +212,11 @@ pub struct CmEvent {
     group: Option<usize>,
 }
 
-// SAFETY: the event is a malloc'd struct librdmacm no longer writes once
-// `rdma_get_cm_event` returned it; reading it from any thread is fine and
-// `rdma_ack_cm_event` may run on any thread (it takes librdmacm's per-id
-// mutex). `IdInner` and `CmId` are Send + Sync.
+// Threads: the event is a malloc'd struct librdmacm no longer writes once
+// `rdma_get_cm_event` returned it, and `rdma_ack_cm_event` may run on any
+// thread (it takes librdmacm's per-id mutex); `IdInner` and `CmId` are
+// Send + Sync.
+// SAFETY: by the above, the event may move to and be dropped on any thread.
 unsafe impl Send for CmEvent {}
 // SAFETY: `&CmEvent` only reads the immutable event.
 unsafe impl Sync for CmEvent {}

@@ -78,11 +78,12 @@ pub(crate) struct IdInner {
     active: std::sync::atomic::AtomicBool,
 }
 
-// SAFETY: librdmacm's calls on the id run under the channel's lock (see
-// `CmId::call`), except `rdma_destroy_id` and `rdma_leave_multicast`, which
-// take librdmacm's own per-id mutex and run only in `Drop` (no other handle
-// left) or with the group checked free; `weak` is only turned back into a
-// `Weak` under that lock or in `Drop`. The rest is Mutex/OnceLock.
+// Threads: librdmacm's calls on the id run under the channel's lock (see
+// `CmId::call`; `rdma_leave_multicast` too, also in `destroy`), except
+// `rdma_destroy_id`, which takes librdmacm's own per-id mutex and runs only
+// from the last handle; `weak` is only turned back into a `Weak` under that
+// lock or in `destroy`. The rest is Mutex/OnceLock/atomics.
+// SAFETY: by the above, the id may move to and be used from any thread.
 unsafe impl Send for IdInner {}
 // SAFETY: as above.
 unsafe impl Sync for IdInner {}
