@@ -24,6 +24,9 @@ impl RawObject for sys::ibv_cq {
 pub(crate) struct CqKeep {
     ctx: Context,
     _channel: Option<CompletionChannel>,
+    /// Created with `ibv_create_cq_ex`: polled only through
+    /// [`CompletionQueueEx`](crate::CompletionQueueEx), never with `ibv_poll_cq`.
+    ex: bool,
 }
 
 pub(crate) type CqInner = Owned<sys::ibv_cq, CqKeep>;
@@ -120,16 +123,40 @@ impl CompletionQueue {
             )
         };
         let raw = check_ptr("ibv_create_cq", raw)?;
+        // SAFETY: a fresh CQ of `ctx` owned by nobody else, on `channel`.
+        Ok(unsafe { Self::from_raw(ctx, raw, channel, false) })
+    }
+
+    /// Takes ownership of a fresh CQ of `ctx` (from `ibv_create_cq`, or the
+    /// `ibv_cq` of an `ibv_create_cq_ex` one when `ex`).
+    ///
+    /// # Safety
+    /// `raw` is a live CQ of `ctx`, owned by nobody else, created on
+    /// `channel` (if any).
+    pub(crate) unsafe fn from_raw(
+        ctx: &Context,
+        raw: std::ptr::NonNull<sys::ibv_cq>,
+        channel: Option<&CompletionChannel>,
+        ex: bool,
+    ) -> Self {
         let keep = CqKeep {
             ctx: ctx.clone(),
             _channel: channel.cloned(),
+            ex,
         };
-        // SAFETY: a fresh CQ owned by nobody else; it keeps `ctx` and its
-        // channel alive.
+        // SAFETY: a fresh CQ owned by nobody else (caller); it keeps `ctx`
+        // and its channel alive.
         let inner = unsafe { Owned::new(raw, keep) };
-        Ok(CompletionQueue {
+        CompletionQueue {
             inner: Arc::new(inner),
-        })
+        }
+    }
+
+    /// Whether this is an extended CQ's handle (polled through
+    /// [`CompletionQueueEx`](crate::CompletionQueueEx)).
+    #[inline]
+    pub fn is_extended(&self) -> bool {
+        self.inner.keep().ex
     }
 
     #[inline]
@@ -169,9 +196,21 @@ impl CompletionQueue {
     /// Polls up to `wcs.len()` completions into `wcs` and returns the filled part.
     ///
     /// An empty result means the CQ had nothing. Allocates nothing.
+    ///
+    /// The handle of an extended CQ ([`is_extended`](Self::is_extended)) is
+    /// refused: its completions are read through
+    /// [`CompletionQueueEx::start_poll`](crate::CompletionQueueEx::start_poll),
+    /// whose batch holds the provider's CQ lock (a `poll` on the same
+    /// thread during a batch would wait for it forever).
     #[doc(alias = "ibv_poll_cq")]
     #[inline]
     pub fn poll<'a>(&self, wcs: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
+        if self.inner.keep().ex {
+            return Err(Error::invalid(
+                "ibv_poll_cq",
+                "an extended CQ is polled with CompletionQueueEx::start_poll",
+            ));
+        }
         let n = c_int::try_from(wcs.len()).unwrap_or(c_int::MAX);
         // SAFETY: live CQ; `wcs` has room for `n` `ibv_wc`s (`WorkCompletion`
         // is `repr(transparent)` over `ibv_wc`). ibv_poll_cq is the inline that

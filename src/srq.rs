@@ -4,7 +4,6 @@ use std::ffi::c_int;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::cq::WorkCompletion;
 use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::pd::ProtectionDomain;
@@ -196,8 +195,12 @@ impl SharedReceiveQueue {
     /// Hands back the receive that `wc` ends (a completion of any QP using
     /// this SRQ); returns 1, or 0 when `wc` is not one of this SRQ's
     /// outstanding receives (another queue's, or already reclaimed).
-    pub fn reclaim(&self, wc: &WorkCompletion, f: impl FnMut(Completed)) -> usize {
-        self.reclaim_tag(wc.wr_id(), f)
+    pub fn reclaim<C: crate::qp::Completion + ?Sized>(
+        &self,
+        wc: &C,
+        f: impl FnMut(Completed),
+    ) -> usize {
+        self.reclaim_tag(wc.tag(), f)
     }
 
     pub(crate) fn reclaim_tag(&self, tag: u64, mut f: impl FnMut(Completed)) -> usize {

@@ -49,7 +49,7 @@ mod values;
 pub use attr::QpAttr;
 pub use connect::{ConnectOptions, Endpoint};
 pub use mask::QpAttrMask;
-pub use post::{Completed, PostError, RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
+pub use post::{Completed, Completion, PostError, RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use query::{QpAttributes, QpInitAttributes};
 pub use table::{transition_rule, TransitionRule};
 pub use typed::{

@@ -123,6 +123,39 @@ pub struct RemoteAddr {
     pub rkey: u32,
 }
 
+/// A completion that can hand requests back: a [`WorkCompletion`] of
+/// [`CompletionQueue::poll`](crate::CompletionQueue::poll), or an extended
+/// CQ's [`PolledWc`](crate::PolledWc). Sealed: only this crate's types.
+pub trait Completion: sealed::Sealed {
+    /// The `wr_id` the device reported (the crate's tag, for requests of
+    /// the safe path).
+    #[doc(hidden)]
+    fn tag(&self) -> u64;
+    /// The local QP number, when the completion carries it (an extended CQ
+    /// created without `qp_num` does not: its tags alone route it, which
+    /// suffices, as a tag names one request of one queue).
+    #[doc(hidden)]
+    fn local_qp_num(&self) -> Option<u32>;
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`Completion`](super::Completion) to this crate's types.
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for WorkCompletion {}
+
+impl Completion for WorkCompletion {
+    #[inline]
+    fn tag(&self) -> u64 {
+        self.wr_id()
+    }
+    #[inline]
+    fn local_qp_num(&self) -> Option<u32> {
+        Some(self.qp_num())
+    }
+}
+
 /// The operation of a send work request (`enum ibv_wr_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1007,7 +1040,11 @@ impl QueuePair {
     /// reclaimed, end nothing. Works for failed and flushed completions
     /// too, whose opcode the device leaves undefined. Allocates nothing.
     #[inline]
-    pub fn reclaim(&mut self, wc: &WorkCompletion, mut f: impl FnMut(Completed)) -> usize {
+    pub fn reclaim<C: Completion + ?Sized>(
+        &mut self,
+        wc: &C,
+        mut f: impl FnMut(Completed),
+    ) -> usize {
         self.route(wc, |wr_id, own, chunks| f(completed(wr_id, own, chunks)))
     }
 
@@ -1015,11 +1052,15 @@ impl QueuePair {
     /// send or receive ledger or to its SRQ, `on(wr_id, own, chunks)` for
     /// each request it ends, oldest first.
     #[inline]
-    fn route(&mut self, wc: &WorkCompletion, mut on: impl FnMut(u64, bool, Chunks)) -> usize {
-        if wc.qp_num() != self.qp_num() {
+    fn route<C: Completion + ?Sized>(
+        &mut self,
+        wc: &C,
+        mut on: impl FnMut(u64, bool, Chunks),
+    ) -> usize {
+        if wc.local_qp_num().is_some_and(|n| n != self.qp_num()) {
             return 0;
         }
-        let tag = wc.wr_id();
+        let tag = wc.tag();
         match Kind::of(tag) {
             Some(Kind::Send) => self
                 .pending_mut()
@@ -1057,9 +1098,9 @@ impl QueuePair {
     /// # Ok(()) }
     /// ```
     #[inline]
-    pub fn reclaim_chunks<E: Extend<Chunk>>(
+    pub fn reclaim_chunks<C: Completion + ?Sized, E: Extend<Chunk>>(
         &mut self,
-        wc: &WorkCompletion,
+        wc: &C,
         chunks: &mut E,
     ) -> usize {
         self.route(wc, |_, _, lent| give_owned(lent, chunks))
