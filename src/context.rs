@@ -188,6 +188,13 @@ impl Context {
         &self.inner.keep().attr
     }
 
+    /// Whether the device is soft-RoCE (rxe), whose provider has quirks the
+    /// crate works around: the kernel's `RXE_VENDOR_ID` (0xffffff, in
+    /// drivers/infiniband/sw/rxe/rxe_param.h) is its vendor id.
+    pub(crate) fn is_rxe(&self) -> bool {
+        self.attr().vendor_id == 0x00ff_ffff
+    }
+
     /// Queries the device attributes.
     #[doc(alias = "ibv_query_device_ex")]
     #[doc(alias = "ibv_query_device")]

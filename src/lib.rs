@@ -15,6 +15,8 @@
 //! | `struct ibv_qp` | [`QueuePair`], [`qp::Qp`] (transport-typed) |
 //! | `ibv_modify_qp`, `struct ibv_qp_attr`, `enum ibv_qp_attr_mask` | [`QueuePair::modify`], [`qp::QpAttr`], [`qp::QpAttrMask`], typed builders in [`qp`] |
 //! | `ibv_post_send`, `ibv_post_recv`, `struct ibv_send_wr` | [`QueuePair::post_send`], [`QueuePair::post_recv`], [`qp::SendWr`], [`qp::RecvWr`], [`Chunk`], [`QueuePair::reclaim`] |
+//! | `ibv_create_qp_ex`, `struct ibv_qp_ex`, `ibv_wr_start` ... `ibv_wr_complete` | [`qp::SendOpsFlags`] ([`QpInitAttr::send_ops`]), [`QueuePair::start_batch`], [`qp::WrBatch`] |
+//! | `struct ibv_mw`, `ibv_alloc_mw`, `ibv_bind_mw`, `IBV_WR_LOCAL_INV` | [`MemoryWindow`], [`MwBind`], [`QueuePair::bind_mw`], [`QueuePair::invalidate_mw`] |
 //! | `struct ibv_srq`, `struct ibv_ah` | [`SharedReceiveQueue`], [`AddressHandle`] |
 //! | `struct ibv_comp_channel`, `ibv_get_async_event` | [`CompletionChannel`], [`AsyncEvent`] |
 //! | librdmacm: `rdma_cm_id`, `rdma_event_channel`, `rdma_cm_event` (feature `cm`, on by default) | [`cm::CmId`], [`cm::EventChannel`], [`cm::CmEvent`] |
@@ -96,6 +98,7 @@ mod event;
 mod gid;
 mod handle;
 mod mr;
+pub mod mw;
 mod pd;
 mod port;
 pub mod qp;
@@ -112,6 +115,7 @@ pub use error::{Error, Result};
 pub use event::AsyncEvent;
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{page_size, AccessFlags, Chunk, MemoryRegion, SharedChunk};
+pub use mw::{MemoryWindow, MwBind, MwType};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
@@ -128,6 +132,7 @@ mod thread_safety {
         send_sync::<crate::Context>();
         send_sync::<crate::ProtectionDomain>();
         send_sync::<crate::MemoryRegion>();
+        send_sync::<crate::MemoryWindow>();
         send_sync::<crate::CompletionQueue>();
         send_sync::<crate::QueuePair>();
         send_sync::<crate::WorkCompletion>();

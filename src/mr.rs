@@ -173,6 +173,17 @@ impl MemoryRegion {
         unsafe { &*self.inner.as_ptr() }
     }
 
+    #[inline]
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_mr {
+        self.inner.as_ptr()
+    }
+
+    /// The shared owner, for objects that keep the region registered (a
+    /// memory window bound to it).
+    pub(crate) fn inner(&self) -> &Arc<MrInner> {
+        &self.inner
+    }
+
     fn buffer(&self) -> &Buffer {
         &self.inner.keep().1
     }
@@ -302,16 +313,18 @@ impl MemoryRegion {
     /// may be shorter): owned, disjoint pieces that can be lent out as
     /// slices and moved into work requests.
     ///
-    /// Refused for regions registered with `REMOTE_WRITE` or
-    /// `REMOTE_ATOMIC`: a peer could write them at any time, so they must
+    /// Refused for regions registered with `REMOTE_WRITE`, `REMOTE_ATOMIC`
+    /// or `MW_BIND` (a memory window bound to the region may give peers
+    /// write access): a peer could write them at any time, so they must
     /// never be seen as Rust slices; use [`read`](Self::read) and
     /// [`write`](Self::write) on those.
     pub fn into_chunks(self, chunk_len: usize) -> Result<Vec<Chunk>> {
-        let remote = self.access & (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        let remote = self.access
+            & (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::MW_BIND);
         if !remote.is_empty() {
             return Err(Error::invalid(
                 "MemoryRegion::into_chunks",
-                format!("the region is registered with {remote:?}: peers may write it, so it has no slices"),
+                format!("the region is registered with {remote:?}: peers may write it (directly or through a memory window), so it has no slices"),
             ));
         }
         if chunk_len == 0 {

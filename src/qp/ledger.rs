@@ -223,6 +223,11 @@ impl<T> Ledger<T> {
     /// inserted and still outstanding: undoes an [`insert`](Self::insert)
     /// of a request that never reached the device.
     pub(crate) fn undo_last(&mut self, tag: u64) -> Option<T> {
+        self.undo_last_entry(tag).map(|(_, payload)| payload)
+    }
+
+    /// [`undo_last`](Self::undo_last), also giving the caller's `wr_id`.
+    pub(crate) fn undo_last_entry(&mut self, tag: u64) -> Option<(u64, T)> {
         let stamp = self.own_stamp(tag)?;
         if self.kind == Kind::Send {
             if self.order.back() != Some(&stamp) {
@@ -233,7 +238,7 @@ impl<T> Ledger<T> {
         self.live -= 1;
         self.slots[(stamp & self.mask) as usize]
             .take()
-            .map(|e| e.payload)
+            .map(|e| (e.wr_id, e.payload))
     }
 
     /// The stamp of `tag` if it names a request outstanding here.

@@ -29,6 +29,7 @@
 
 mod attr;
 mod connect;
+mod ex;
 mod ledger;
 mod mask;
 mod modify;
@@ -37,7 +38,7 @@ mod post;
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
     pub(crate) use super::ledger::{Kind, Ledger};
-    pub(crate) use super::post::{post_recv_chain, Chunks};
+    pub(crate) use super::post::{post_recv_chain, Chunks, SendLoan};
 }
 mod query;
 mod table;
@@ -48,7 +49,9 @@ mod values;
 
 pub use attr::QpAttr;
 pub use connect::{ConnectOptions, Endpoint};
+pub use ex::{SendOpsFlags, WrBatch};
 pub use mask::QpAttrMask;
+pub(crate) use post::fail as post_error;
 pub use post::{Completed, Completion, PostError, RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use query::{QpAttributes, QpInitAttributes};
 pub use table::{transition_rule, TransitionRule};
@@ -161,6 +164,7 @@ pub struct QpInitAttr<'a> {
     srq: Option<&'a SharedReceiveQueue>,
     caps: QpCaps,
     sq_sig_all: bool,
+    send_ops: Option<SendOpsFlags>,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -179,6 +183,7 @@ impl<'a> QpInitAttr<'a> {
             srq: None,
             caps: QpCaps::default(),
             sq_sig_all: false,
+            send_ops: None,
         }
     }
 
@@ -238,6 +243,8 @@ pub struct QueuePair {
     state: QpState,
     /// The port set by the last modify that carried IBV_QP_PORT.
     port: Option<u8>,
+    /// For a QP made with `send_ops`: its `ibv_qp_ex`.
+    ex: Option<ex::QpEx>,
 }
 
 impl ProtectionDomain {
@@ -258,6 +265,9 @@ impl QueuePair {
     /// [`Error::Unsupported`].
     #[doc(alias = "ibv_create_qp")]
     pub fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
+        if let Some(ops) = attr.send_ops {
+            return ex::create(pd, attr, ops);
+        }
         Self::create_with(pd, attr, "ibv_create_qp", |raw_attr| {
             // SAFETY: PD and CQs are live (borrowed for the call) and belong to
             // the same context (checked by `create_with`); `raw_attr` is a valid in/out struct.
@@ -275,6 +285,12 @@ impl QueuePair {
         create: impl FnOnce(&mut sys::ibv_qp_init_attr) -> Result<std::ptr::NonNull<sys::ibv_qp>>,
     ) -> Result<Self> {
         let ctx = pd.context();
+        if attr.send_ops.is_some() && verb != "ibv_create_qp_ex" {
+            return Err(Error::invalid(
+                verb,
+                "extended QPs (QpInitAttr::send_ops) are created with ProtectionDomain::create_qp",
+            ));
+        }
         for (which, cq) in [("send_cq", attr.send_cq), ("recv_cq", attr.recv_cq)] {
             if !cq.context().same_as(ctx) {
                 return Err(Error::invalid(
@@ -377,6 +393,7 @@ impl QueuePair {
             caps,
             state: QpState::Reset,
             port: None,
+            ex: None,
         })
     }
 

@@ -164,6 +164,12 @@ pub enum SendOp {
     Send,
     /// `IBV_WR_SEND_WITH_IMM`, with 32 bits of immediate data (host order).
     SendWithImm(u32),
+    /// `IBV_WR_SEND_WITH_INV`: a send that also invalidates the peer's
+    /// memory window (or fast-registered region) with this rkey, which the
+    /// peer's receive completion reports
+    /// ([`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)).
+    /// RC and UC only.
+    SendWithInv(u32),
     /// `IBV_WR_RDMA_WRITE`.
     RdmaWrite(RemoteAddr),
     /// `IBV_WR_RDMA_WRITE_WITH_IMM`: a write that also consumes a receive
@@ -202,6 +208,7 @@ impl SendOp {
         match self {
             SendOp::Send => o::IBV_WR_SEND,
             SendOp::SendWithImm(_) => o::IBV_WR_SEND_WITH_IMM,
+            SendOp::SendWithInv(_) => o::IBV_WR_SEND_WITH_INV,
             SendOp::RdmaWrite(_) => o::IBV_WR_RDMA_WRITE,
             SendOp::RdmaWriteWithImm(..) => o::IBV_WR_RDMA_WRITE_WITH_IMM,
             SendOp::RdmaRead(_) => o::IBV_WR_RDMA_READ,
@@ -210,10 +217,11 @@ impl SendOp {
         }
     }
 
-    fn name(&self) -> &'static str {
+    pub(super) fn name(&self) -> &'static str {
         match self {
             SendOp::Send => "SEND",
             SendOp::SendWithImm(_) => "SEND_WITH_IMM",
+            SendOp::SendWithInv(_) => "SEND_WITH_INV",
             SendOp::RdmaWrite(_) => "RDMA_WRITE",
             SendOp::RdmaWriteWithImm(..) => "RDMA_WRITE_WITH_IMM",
             SendOp::RdmaRead(_) => "RDMA_READ",
@@ -222,7 +230,7 @@ impl SendOp {
         }
     }
 
-    fn is_atomic(&self) -> bool {
+    pub(super) fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 }
@@ -230,8 +238,8 @@ impl SendOp {
 /// Scatter/gather entries: chunks with the number of bytes to use of each.
 pub(crate) struct Sges {
     chunks: Chunks,
-    lens: [u32; MAX_SGE],
-    n: usize,
+    pub(super) lens: [u32; MAX_SGE],
+    pub(super) n: usize,
     /// Entries beyond `MAX_SGE`, or given with a length past their chunk's
     /// end: counted, and their chunks kept (never dropped) so that the
     /// refusal at post time hands them back.
@@ -279,7 +287,7 @@ impl Sges {
 
     /// The entry `i < n`.
     #[inline]
-    fn entry(&self, i: usize) -> Option<&Chunk> {
+    pub(super) fn entry(&self, i: usize) -> Option<&Chunk> {
         self.chunks[i].as_ref().map(Lent::chunk)
     }
 
@@ -377,7 +385,7 @@ fn owned(chunks: Chunks) -> impl Iterator<Item = Chunk> {
 /// go. A request's entries fill a prefix of the array, so the first empty
 /// entry ends it.
 #[inline]
-fn give_owned<E: Extend<Chunk>>(chunks: Chunks, out: &mut E) {
+pub(super) fn give_owned<E: Extend<Chunk>>(chunks: Chunks, out: &mut E) {
     for c in chunks {
         match c {
             Some(Lent::Own(c)) => out.extend(Some(c)),
@@ -400,12 +408,12 @@ fn give_owned<E: Extend<Chunk>>(chunks: Chunks, out: &mut E) {
 /// ```
 #[doc(alias = "ibv_send_wr")]
 pub struct SendWr<'a> {
-    wr_id: u64,
-    op: SendOp,
-    sges: Sges,
-    inline: Option<&'a [u8]>,
-    flags: u32,
-    ud: Option<(AddressHandle, QpNum, QKey)>,
+    pub(super) wr_id: u64,
+    pub(super) op: SendOp,
+    pub(super) sges: Sges,
+    pub(super) inline: Option<&'a [u8]>,
+    pub(super) flags: u32,
+    pub(super) ud: Option<(AddressHandle, QpNum, QKey)>,
 }
 
 impl<'a> SendWr<'a> {
@@ -503,6 +511,13 @@ impl<'a> SendWr<'a> {
     #[inline]
     fn signaled(&self) -> bool {
         self.flags & sys::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
+    }
+
+    /// Takes what the request lends the device (its chunks and UD address
+    /// handle), leaving the rest to be dropped.
+    #[inline]
+    pub(super) fn lend(&mut self) -> SendLoan {
+        (self.sges.take(), self.ud.take().map(|u| u.0), None)
     }
 }
 
@@ -645,19 +660,23 @@ impl From<PostError> for Error {
     }
 }
 
-/// What a send request lends the device: its chunks, and the address
-/// handle a UD send names.
-pub(crate) type SendLoan = (Chunks, Option<AddressHandle>);
+/// What a send request lends the device: its chunks, the address handle a
+/// UD send names, and for a memory-window bind or invalidation the window
+/// and the region it was bound to before.
+pub(crate) type SendLoan = (Chunks, Option<AddressHandle>, Option<crate::mw::MwLoan>);
 
 /// Outstanding requests of one QP, requests handed back by a RESET, and
 /// scratch space to build chains in.
 pub(crate) struct Pending {
-    send: Ledger<SendLoan>,
+    pub(super) send: Ledger<SendLoan>,
     recv: Ledger<Chunks>,
     released: Vec<Completed>,
     send_wrs: Vec<sys::ibv_send_wr>,
     recv_wrs: Vec<sys::ibv_recv_wr>,
     sges: Vec<sys::ibv_sge>,
+    /// The tags of the open `ibv_wr_*` batch, in post order (room for the
+    /// whole send queue, allocated with the QP).
+    pub(super) batch: Vec<u64>,
 }
 
 // SAFETY: the raw pointers inside the scratch vectors are only meaningful
@@ -677,7 +696,13 @@ impl Pending {
             send_wrs: Vec::new(),
             recv_wrs: Vec::new(),
             sges: Vec::new(),
+            batch: Vec::new(),
         }
+    }
+
+    /// Makes room for a batch as long as the send queue (extended QPs).
+    pub(crate) fn reserve_batch(&mut self, max_send_wr: usize) {
+        self.batch.reserve_exact(max_send_wr);
     }
 
     /// After a RESET: the device has forgotten every request, so they all
@@ -697,7 +722,7 @@ impl Pending {
     }
 }
 
-fn completed(wr_id: u64, signaled: bool, chunks: Chunks) -> Completed {
+pub(super) fn completed(wr_id: u64, signaled: bool, chunks: Chunks) -> Completed {
     Completed {
         wr_id,
         signaled,
@@ -705,7 +730,7 @@ fn completed(wr_id: u64, signaled: bool, chunks: Chunks) -> Completed {
     }
 }
 
-fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
+pub(crate) fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
     PostError {
         error,
         posted,
@@ -713,16 +738,78 @@ fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
     }
 }
 
+/// The refusal of a send in `state` (sends need RTS, SQD, SQE or ERR).
+#[inline]
+pub(super) fn send_state_error(verb: &'static str, state: QpState) -> Option<Error> {
+    match state {
+        QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => None,
+        state => Some(Error::QpState {
+            verb,
+            state,
+            needs: "sends need RTS, SQD, SQE or ERR",
+        }),
+    }
+}
+
+impl QueuePair {
+    /// Posts one request that lends no chunks (a memory-window bind or
+    /// invalidation): records `loan` under a fresh tag in the send ledger,
+    /// then `call(tag)` hands it to the provider. No room: refused with the
+    /// loan handed to `undo`. A provider failure keeps it in the ledger
+    /// (in doubt), as for [`post_send`](Self::post_send).
+    pub(crate) fn post_one_loan(
+        &mut self,
+        verb: &'static str,
+        wr_id: u64,
+        loan: SendLoan,
+        undo: impl FnOnce(SendLoan),
+        call: impl FnOnce(u64) -> c_int,
+    ) -> Result<(), PostError> {
+        let ledger = &mut self.pending_mut().send;
+        let (room, held) = (ledger.room(), ledger.len());
+        let tag = match ledger.insert(wr_id, loan) {
+            Ok(tag) => tag,
+            Err(loan) => {
+                undo(loan);
+                let error = if room == 0 {
+                    Error::invalid(
+                        verb,
+                        format!("1 request but the send queue has room for 0 ({held} outstanding)"),
+                    )
+                } else {
+                    Error::TagsExhausted { verb }
+                };
+                return Err(fail(error, 0, Vec::new()));
+            }
+        };
+        let rc = call(tag);
+        crate::error::check_rc(verb, rc)
+            .map(|_| ())
+            .map_err(|error| fail(error, 1, Vec::new()))
+    }
+}
+
 /// What the checks of a send need to know of its QP (read once per call).
-struct SendCheck {
-    qp_type: QpType,
-    pd: *mut sys::ibv_pd,
-    max_sge: u32,
-    max_inline: u32,
+pub(super) struct SendCheck {
+    pub(super) qp_type: QpType,
+    pub(super) pd: *mut sys::ibv_pd,
+    pub(super) max_sge: u32,
+    pub(super) max_inline: u32,
 }
 
 impl SendCheck {
-    fn check(&self, wr: &SendWr<'_>) -> Result<()> {
+    /// The checks of [`QueuePair::post_send`] for the QP `qp`.
+    pub(super) fn of(qp: &QueuePair) -> Self {
+        let caps = qp.caps();
+        SendCheck {
+            qp_type: qp.qp_type(),
+            pd: qp.pd().as_ptr(),
+            max_sge: caps.max_send_sge,
+            max_inline: caps.max_inline_data,
+        }
+    }
+
+    pub(super) fn check(&self, wr: &SendWr<'_>) -> Result<()> {
         const VERB: &str = "ibv_post_send";
         let t = self.qp_type;
         let op = &wr.op;
@@ -732,6 +819,7 @@ impl SendCheck {
                 op,
                 SendOp::Send
                     | SendOp::SendWithImm(_)
+                    | SendOp::SendWithInv(_)
                     | SendOp::RdmaWrite(_)
                     | SendOp::RdmaWriteWithImm(..)
             ),
@@ -792,6 +880,7 @@ impl SendCheck {
                 op,
                 SendOp::Send
                     | SendOp::SendWithImm(_)
+                    | SendOp::SendWithInv(_)
                     | SendOp::RdmaWrite(_)
                     | SendOp::RdmaWriteWithImm(..)
             ) {
@@ -884,21 +973,8 @@ impl QueuePair {
         I: IntoIterator<Item = SendWr<'a>>,
     {
         const VERB: &str = "ibv_post_send";
-        let error = match self.state() {
-            QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => None,
-            state => Some(Error::QpState {
-                verb: VERB,
-                state,
-                needs: "sends need RTS, SQD, SQE or ERR",
-            }),
-        };
-        let caps = self.caps();
-        let checks = SendCheck {
-            qp_type: self.qp_type(),
-            pd: self.pd().as_ptr(),
-            max_sge: caps.max_send_sge,
-            max_inline: caps.max_inline_data,
-        };
+        let error = send_state_error(VERB, self.state());
+        let checks = SendCheck::of(self);
         let qp = self.as_ptr();
         let p = self.pending_mut();
         post_chain(
@@ -910,7 +986,7 @@ impl QueuePair {
             error,
             |wr| checks.check(wr),
             raw_send,
-            |wr| (wr.wr_id, (wr.sges.take(), wr.ud.take().map(|u| u.0))),
+            |wr| (wr.wr_id, wr.lend()),
             |loan: SendLoan, out| give_owned(loan.0, out),
             |n, room, held| {
                 Error::invalid(
@@ -1162,6 +1238,7 @@ fn raw_send(wr: &SendWr<'_>, sges: &mut Vec<sys::ibv_sge>) -> sys::ibv_send_wr {
     match wr.op {
         SendOp::Send => {}
         SendOp::SendWithImm(imm) => raw.__bindgen_anon_1.imm_data = imm.to_be(),
+        SendOp::SendWithInv(rkey) => raw.__bindgen_anon_1.invalidate_rkey = rkey,
         SendOp::RdmaWrite(r) | SendOp::RdmaRead(r) => {
             raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
                 remote_addr: r.addr,

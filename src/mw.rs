@@ -1,0 +1,635 @@
+//! Memory windows (`struct ibv_mw`): remote access to part of a memory
+//! region, granted and revoked without re-registering it.
+//!
+//! A window is allocated in a protection domain ([`ProtectionDomain::alloc_mw`])
+//! and then *bound* to a range of a [`MemoryRegion`] registered with
+//! [`AccessFlags::MW_BIND`], with its own remote rights; peers use the
+//! window's [`rkey`](MemoryWindow::rkey) with addresses inside that range.
+//!
+//! * **Type 1** windows are bound with `ibv_bind_mw`
+//!   ([`QueuePair::bind_mw`]), which the provider turns into a request on
+//!   the QP's send queue; the new rkey is chosen by the provider.
+//! * **Type 2** windows are bound by a posted request: `IBV_WR_BIND_MW`
+//!   through [`QueuePair::bind_mw`], or `ibv_wr_bind_mw` in an extended
+//!   QP's batch ([`WrBatch::bind_mw`](crate::qp::WrBatch::bind_mw)); the
+//!   crate picks the new rkey with `ibv_inc_rkey`. They are revoked by a
+//!   local invalidation ([`QueuePair::invalidate_mw`],
+//!   [`WrBatch::local_inv`](crate::qp::WrBatch::local_inv)) or by a
+//!   peer's [`SendOp::SendWithInv`](crate::qp::SendOp::SendWithInv).
+//!
+//! # Rules checked before any call
+//!
+//! The verbs refuse, and the crate refuses first with a typed error naming
+//! the rule: a region without `MW_BIND`; a window, region and QP of
+//! different protection domains; a range outside the region or empty;
+//! rights other than `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`
+//! (zero-based windows are not offered); `REMOTE_WRITE` or
+//! `REMOTE_ATOMIC` on a region without `LOCAL_WRITE`; a QP not in RTS
+//! (binding and invalidating post to the send queue) or not RC/UC; a type 1
+//! window in a batch, or invalidated (only type 2 windows are); a device
+//! without memory windows of the type ([`Error::Unsupported`] at
+//! allocation).
+//!
+//! # Lifetimes
+//!
+//! A bound window keeps its region registered (and its buffer allocated):
+//! the region cannot be freed under a window that still lets peers reach
+//! it. The window holds the region of its latest bind; the region it was
+//! bound to before stays held by the bind (or invalidation) request until
+//! the device is done with it: until its completion is reclaimed, or the
+//! QP is reset or destroyed. Requests hold their window too. A window
+//! revoked by a peer's `SEND_WITH_INV` keeps holding its region until it
+//! is bound again, invalidated locally or deallocated (holding longer is
+//! always safe).
+//!
+//! Because a region with `MW_BIND` can be written by peers through a
+//! window, it is never split into [`Chunk`](crate::Chunk)s (slices):
+//! [`MemoryRegion::into_chunks`] refuses it, as it refuses regions with
+//! `REMOTE_WRITE`.
+
+use std::ffi::c_int;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::device_attr::{AtomicCap, DeviceCapFlags};
+use crate::error::{check_ptr, Error, Result};
+use crate::handle::{close_shared, Owned, RawObject};
+use crate::mr::{AccessFlags, MemoryRegion, MrInner};
+use crate::pd::ProtectionDomain;
+use crate::qp::{PostError, QpState, QpType, QueuePair};
+use crate::sys;
+use crate::sys::ibv_mw_type;
+
+impl RawObject for sys::ibv_mw {
+    const DESTROY: &'static str = "ibv_dealloc_mw";
+    const NAME: &'static str = "memory window";
+    unsafe fn destroy(ptr: *mut Self) -> c_int {
+        // SAFETY: the caller (`Owned`) passes a live window, once.
+        unsafe { sys::ibv_dealloc_mw(ptr) }
+    }
+}
+
+c_enum! {
+    /// The type of a memory window (`enum ibv_mw_type`).
+    #[doc(alias = "ibv_mw_type")]
+    pub enum MwType(ibv_mw_type): u32 {
+        /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`; the provider picks the rkey.
+        Type1 = IBV_MW_TYPE_1,
+        /// `IBV_MW_TYPE_2`: bound by a posted request, invalidated locally or by a peer.
+        Type2 = IBV_MW_TYPE_2,
+    }
+}
+
+/// What a window keeps alive: its PD, the region of its latest bind, and
+/// the rkey of that bind.
+pub(crate) struct MwKeep {
+    pd: ProtectionDomain,
+    bound: Mutex<Option<Arc<MrInner>>>,
+    rkey: AtomicU32,
+}
+
+pub(crate) type MwInner = Owned<sys::ibv_mw, MwKeep>;
+
+/// What a bind or invalidation request holds until the device is done with
+/// it: its window, and the region (and rkey) the window had before.
+pub(crate) struct MwLoan {
+    mw: Arc<MwInner>,
+    old: Option<Arc<MrInner>>,
+    old_rkey: u32,
+}
+
+impl MwLoan {
+    /// Undoes the request's effect on the window's bookkeeping (the
+    /// request never reached the device: an aborted batch, no room).
+    pub(crate) fn restore(self) {
+        let keep = self.mw.keep();
+        *keep.bound.lock().unwrap_or_else(PoisonError::into_inner) = self.old;
+        keep.rkey.store(self.old_rkey, Ordering::Relaxed);
+    }
+}
+
+/// A memory window (`struct ibv_mw`).
+///
+/// ```no_run
+/// use rdma_verbs::{AccessFlags, Context, MwBind, MwType};
+/// # fn f(qp: &mut rdma_verbs::QueuePair) -> Result<(), Box<dyn std::error::Error>> {
+/// let pd = qp.pd().clone();
+/// let mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+/// let mut mw = pd.alloc_mw(MwType::Type2)?;
+/// // Peers may read bytes 0..1024 of `mr` through the window's rkey.
+/// let bind = MwBind::new(&mr, 0, 1024, AccessFlags::REMOTE_READ).wr_id(7);
+/// let rkey = qp.bind_mw(&mut mw, &bind)?;
+/// println!("tell the peer: addr {:#x} rkey {rkey:#x}", bind.remote_addr());
+/// # Ok(()) }
+/// ```
+#[doc(alias = "ibv_mw")]
+pub struct MemoryWindow {
+    inner: Arc<MwInner>,
+    ty: MwType,
+}
+
+impl ProtectionDomain {
+    /// Allocates a memory window of type `ty` in this PD.
+    ///
+    /// [`Error::Unsupported`] on a device without memory windows
+    /// (`IBV_DEVICE_MEM_WINDOW`), or for type 2 without
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A`/`_2B`, before any call.
+    #[doc(alias = "ibv_alloc_mw")]
+    pub fn alloc_mw(&self, ty: MwType) -> Result<MemoryWindow> {
+        MemoryWindow::new(self, ty)
+    }
+}
+
+impl MemoryWindow {
+    /// Allocates a memory window of type `ty` in `pd` (see
+    /// [`ProtectionDomain::alloc_mw`]).
+    #[doc(alias = "ibv_alloc_mw")]
+    pub fn new(pd: &ProtectionDomain, ty: MwType) -> Result<Self> {
+        let ctx = pd.context();
+        let caps = ctx.attr().capabilities;
+        let needs = match ty {
+            MwType::Type1 => DeviceCapFlags::MEM_WINDOW,
+            MwType::Type2 => {
+                DeviceCapFlags::MEM_WINDOW_TYPE_2A | DeviceCapFlags::MEM_WINDOW_TYPE_2B
+            }
+        };
+        if !caps.intersects(needs) {
+            return Err(Error::Unsupported {
+                what: match ty {
+                    MwType::Type1 => "memory windows (IBV_DEVICE_MEM_WINDOW)",
+                    MwType::Type2 => "type 2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B)",
+                },
+                device: ctx.name().to_owned(),
+                errno: None,
+            });
+        }
+        // SAFETY: the PD is live; `ty` is a valid enum value.
+        let raw = unsafe { sys::ibv_alloc_mw(pd.as_ptr(), ty.as_raw()) };
+        let raw = check_ptr("ibv_alloc_mw", raw).map_err(|e| match e.errno() {
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
+                what: "memory windows",
+                device: ctx.name().to_owned(),
+                errno: Some(errno),
+            },
+            _ => e,
+        })?;
+        // SAFETY: `raw` is live (just allocated); `rkey` is set by the provider.
+        let rkey = unsafe { (*raw.as_ptr()).rkey };
+        let keep = MwKeep {
+            pd: pd.clone(),
+            bound: Mutex::new(None),
+            rkey: AtomicU32::new(rkey),
+        };
+        // SAFETY: a fresh window owned by nobody else; it keeps its PD alive.
+        let inner = unsafe { Owned::new(raw, keep) };
+        Ok(MemoryWindow {
+            inner: Arc::new(inner),
+            ty,
+        })
+    }
+
+    #[inline]
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_mw {
+        self.inner.as_ptr()
+    }
+
+    /// The window's type.
+    #[inline]
+    pub fn mw_type(&self) -> MwType {
+        self.ty
+    }
+
+    /// The remote key peers use: the rkey of the latest bind posted (or of
+    /// the unbound window, before any).
+    ///
+    /// A bind that then fails (its completion has an error status) leaves
+    /// the device with the old rkey; bind again, or allocate a new window.
+    #[inline]
+    pub fn rkey(&self) -> u32 {
+        self.inner.keep().rkey.load(Ordering::Relaxed)
+    }
+
+    /// The protection domain it was allocated in.
+    #[inline]
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.keep().pd
+    }
+
+    /// Whether the window holds a region: bound by the latest bind posted,
+    /// and not invalidated locally since.
+    pub fn is_bound(&self) -> bool {
+        self.bound().is_some()
+    }
+
+    fn bound(&self) -> std::sync::MutexGuard<'_, Option<Arc<MrInner>>> {
+        self.inner
+            .keep()
+            .bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a bind to `mr` with `rkey` (posted now) and returns what the
+    /// request must hold until the device is done with it.
+    fn lend_bind(&mut self, mr: &MemoryRegion, rkey: u32) -> MwLoan {
+        let old = self.bound().replace(Arc::clone(mr.inner()));
+        let old_rkey = self.inner.keep().rkey.swap(rkey, Ordering::Relaxed);
+        MwLoan {
+            mw: Arc::clone(&self.inner),
+            old,
+            old_rkey,
+        }
+    }
+
+    /// Records a local invalidation (posted now).
+    fn lend_invalidate(&mut self) -> MwLoan {
+        let old = self.bound().take();
+        MwLoan {
+            mw: Arc::clone(&self.inner),
+            old,
+            old_rkey: self.rkey(),
+        }
+    }
+
+    /// Deallocates the window now, reporting failure.
+    ///
+    /// Fails with [`Error::InUse`] while a posted bind or invalidation
+    /// still holds it; it is then deallocated when the last of them ends.
+    /// On failure of `ibv_dealloc_mw` the window and the region it holds
+    /// are leaked.
+    #[doc(alias = "ibv_dealloc_mw")]
+    pub fn close(self) -> Result<()> {
+        close_shared(self.inner)
+    }
+}
+
+impl fmt::Debug for MemoryWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryWindow")
+            .field("type", &self.ty)
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .field("bound", &self.is_bound())
+            .finish()
+    }
+}
+
+/// A bind of a memory window to a range of a region (`struct
+/// ibv_mw_bind_info`, with the request's `wr_id` and flags of `struct
+/// ibv_mw_bind`).
+///
+/// Signalled by default: the bind produces a completion
+/// ([`WcOpcode::BindMw`](crate::WcOpcode::BindMw)) that
+/// [`QueuePair::reclaim`] ends.
+#[doc(alias = "ibv_mw_bind")]
+#[doc(alias = "ibv_mw_bind_info")]
+#[derive(Debug, Clone, Copy)]
+pub struct MwBind<'a> {
+    mr: &'a MemoryRegion,
+    offset: usize,
+    len: usize,
+    access: AccessFlags,
+    wr_id: u64,
+    signaled: bool,
+}
+
+impl<'a> MwBind<'a> {
+    /// Binds bytes `offset..offset + len` of `mr` with the remote rights
+    /// `access` (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
+    pub fn new(mr: &'a MemoryRegion, offset: usize, len: usize, access: AccessFlags) -> Self {
+        MwBind {
+            mr,
+            offset,
+            len,
+            access,
+            wr_id: 0,
+            signaled: true,
+        }
+    }
+
+    /// The caller's `wr_id` for the bind request (0 by default).
+    pub fn wr_id(mut self, wr_id: u64) -> Self {
+        self.wr_id = wr_id;
+        self
+    }
+
+    /// No completion on success (clears `IBV_SEND_SIGNALED`).
+    pub fn unsignaled(mut self) -> Self {
+        self.signaled = false;
+        self
+    }
+
+    /// The address peers use for the first byte of the window: the
+    /// region's address plus `offset`.
+    pub fn remote_addr(&self) -> u64 {
+        self.mr.addr() + self.offset as u64
+    }
+
+    pub(crate) fn region(&self) -> &'a MemoryRegion {
+        self.mr
+    }
+
+    pub(crate) fn wr_id_value(&self) -> u64 {
+        self.wr_id
+    }
+
+    pub(crate) fn send_flags(&self) -> u32 {
+        if self.signaled {
+            sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn info(&self) -> sys::ibv_mw_bind_info {
+        sys::ibv_mw_bind_info {
+            mr: self.mr.as_ptr(),
+            addr: self.remote_addr(),
+            length: self.len as u64,
+            mw_access_flags: self.access.bits(),
+        }
+    }
+}
+
+/// The checks a bind gets before any call (`verb` names it in errors).
+pub(crate) fn check_bind(
+    verb: &'static str,
+    qp: &QueuePair,
+    mw: &MemoryWindow,
+    b: &MwBind<'_>,
+) -> Result<()> {
+    check_qp(verb, qp, mw)?;
+    let mr = b.mr;
+    if !mr.access().contains(AccessFlags::MW_BIND) {
+        return Err(Error::invalid(
+            verb,
+            "the region was registered without AccessFlags::MW_BIND (IBV_ACCESS_MW_BIND)",
+        ));
+    }
+    if mr.pd().as_ptr() != mw.pd().as_ptr() {
+        return Err(Error::invalid(
+            verb,
+            "the region and the window belong to different protection domains",
+        ));
+    }
+    match b.offset.checked_add(b.len) {
+        Some(end) if b.len > 0 && end <= mr.len() => {}
+        _ => {
+            return Err(Error::invalid(
+                verb,
+                format!(
+                    "bytes {}..{} are empty or outside the {}-byte region",
+                    b.offset,
+                    b.offset.saturating_add(b.len),
+                    mr.len()
+                ),
+            ))
+        }
+    }
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if !remote.contains(b.access) {
+        return Err(Error::invalid(
+            verb,
+            format!(
+                "a window takes only REMOTE_READ, REMOTE_WRITE and REMOTE_ATOMIC, not {:?}",
+                b.access - remote
+            ),
+        ));
+    }
+    let writes = b.access & (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+    if !writes.is_empty() && !mr.access().contains(AccessFlags::LOCAL_WRITE) {
+        return Err(Error::invalid(
+            verb,
+            format!("a window with {writes:?} needs a region with AccessFlags::LOCAL_WRITE"),
+        ));
+    }
+    if b.access.contains(AccessFlags::REMOTE_ATOMIC)
+        && qp.pd().context().attr().atomic_cap == AtomicCap::None
+    {
+        return Err(Error::invalid(
+            verb,
+            "REMOTE_ATOMIC on a device without atomics (atomic_cap NONE)",
+        ));
+    }
+    Ok(())
+}
+
+/// The checks of any request on a window: same PD as the QP, the QP RC or
+/// UC and in RTS.
+pub(crate) fn check_qp(verb: &'static str, qp: &QueuePair, mw: &MemoryWindow) -> Result<()> {
+    if !matches!(qp.qp_type(), QpType::Rc | QpType::Uc) {
+        return Err(Error::invalid(
+            verb,
+            format!(
+                "{} QPs cannot bind or invalidate memory windows (RC and UC can)",
+                qp.qp_type().short_name()
+            ),
+        ));
+    }
+    if mw.pd().as_ptr() != qp.pd().as_ptr() {
+        return Err(Error::invalid(
+            verb,
+            "the window and the QP belong to different protection domains",
+        ));
+    }
+    if qp.state() != QpState::Rts {
+        return Err(Error::QpState {
+            verb,
+            state: qp.state(),
+            needs: "binding and invalidating memory windows need RTS",
+        });
+    }
+    Ok(())
+}
+
+impl QueuePair {
+    /// Binds memory window `mw` to a range of a region, returning the
+    /// window's new rkey for peers.
+    ///
+    /// Type 1 windows go through `ibv_bind_mw`; type 2 windows are bound by
+    /// posting `IBV_WR_BIND_MW` with `ibv_post_send` (on an extended QP,
+    /// [`WrBatch::bind_mw`](crate::qp::WrBatch::bind_mw) does it in a
+    /// batch). Either way the bind is a request on the send queue: it takes
+    /// a slot, completes in order with the sends, and
+    /// [`reclaim`](Self::reclaim) ends it, handing back a
+    /// [`Completed`](crate::qp::Completed) with the bind's `wr_id` and no
+    /// chunks. The rules of the [module docs](crate::mw) are checked first.
+    /// If the provider fails, the request stays outstanding as a failed
+    /// post's do ([`PostError`]), and the window keeps both regions.
+    #[doc(alias = "ibv_bind_mw")]
+    #[doc(alias = "IBV_WR_BIND_MW")]
+    pub fn bind_mw(&mut self, mw: &mut MemoryWindow, bind: &MwBind<'_>) -> Result<u32, PostError> {
+        let verb = match mw.ty {
+            MwType::Type1 => "ibv_bind_mw",
+            MwType::Type2 => "ibv_post_send",
+        };
+        check_bind(verb, self, mw, bind).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
+        let qp = self.as_ptr();
+        let raw_mw = mw.as_ptr();
+        let info = bind.info();
+        let flags = bind.send_flags();
+        match mw.ty {
+            MwType::Type1 => {
+                // The provider picks the rkey and writes it into the window
+                // during the call; it is read back after.
+                let loan = mw.lend_bind(bind.mr, mw.rkey());
+                self.post_one_loan(
+                    verb,
+                    bind.wr_id,
+                    (Default::default(), None, Some(loan)),
+                    restore,
+                    |tag| {
+                        let mut b = sys::ibv_mw_bind {
+                            wr_id: tag,
+                            send_flags: flags,
+                            bind_info: info,
+                        };
+                        // SAFETY: live QP and window of one PD (checked); the
+                        // region `info.mr` is live and held by the window from
+                        // now on (`lend_bind`); `mw` is borrowed mutably, so
+                        // nothing else reads or writes the window's fields
+                        // during the call.
+                        unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
+                    },
+                )?;
+                // SAFETY: the window is live; `&mut mw` excludes other
+                // accesses to its fields, and the call above has returned.
+                let rkey = unsafe { (*raw_mw).rkey };
+                mw.inner.keep().rkey.store(rkey, Ordering::Relaxed);
+                Ok(rkey)
+            }
+            MwType::Type2 => {
+                let current = mw.rkey();
+                // SAFETY: `ibv_inc_rkey` is a pure function.
+                let rkey = unsafe { sys::ibv_inc_rkey(current) };
+                let loan = mw.lend_bind(bind.mr, rkey);
+                self.post_one_loan(
+                    verb,
+                    bind.wr_id,
+                    (Default::default(), None, Some(loan)),
+                    restore,
+                    |tag| {
+                        // SAFETY: `raw_mw` is `mw`'s, borrowed mutably here.
+                        unsafe { set_current_rkey(raw_mw, current) };
+                        let mut wr = sys::ibv_send_wr {
+                            wr_id: tag,
+                            opcode: sys::ibv_wr_opcode::IBV_WR_BIND_MW,
+                            send_flags: flags,
+                            ..Default::default()
+                        };
+                        wr.__bindgen_anon_2.bind_mw =
+                            sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                                mw: raw_mw,
+                                rkey,
+                                bind_info: info,
+                            };
+                        let mut bad = std::ptr::null_mut();
+                        // SAFETY: live QP; one request naming a live window and
+                        // region of the QP's PD (checked), both held by the
+                        // ledger entry until the device is done with them.
+                        unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
+                    },
+                )?;
+                Ok(rkey)
+            }
+        }
+    }
+
+    /// Invalidates type 2 memory window `mw` with a local invalidation
+    /// (`IBV_WR_LOCAL_INV` naming its rkey), revoking peers' access once
+    /// the request has run.
+    ///
+    /// The region the window held stays registered until the request's
+    /// completion is reclaimed (or the QP is reset or destroyed). Refused
+    /// before any call: type 1 windows (which are unbound by binding them
+    /// with no region), a QP not in RTS, another PD.
+    #[doc(alias = "IBV_WR_LOCAL_INV")]
+    pub fn invalidate_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<(), PostError> {
+        const VERB: &str = "ibv_post_send";
+        check_invalidate(VERB, self, mw).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
+        let qp = self.as_ptr();
+        let rkey = mw.rkey();
+        let loan = mw.lend_invalidate();
+        self.post_one_loan(
+            VERB,
+            wr_id,
+            (Default::default(), None, Some(loan)),
+            restore,
+            |tag| {
+                let mut wr = sys::ibv_send_wr {
+                    wr_id: tag,
+                    opcode: sys::ibv_wr_opcode::IBV_WR_LOCAL_INV,
+                    send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                    ..Default::default()
+                };
+                wr.__bindgen_anon_1.invalidate_rkey = rkey;
+                let mut bad = std::ptr::null_mut();
+                // SAFETY: live QP; one request naming no memory.
+                unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
+            },
+        )
+    }
+}
+
+/// The checks of a local invalidation.
+pub(crate) fn check_invalidate(
+    verb: &'static str,
+    qp: &QueuePair,
+    mw: &MemoryWindow,
+) -> Result<()> {
+    if mw.ty != MwType::Type2 {
+        return Err(Error::invalid(
+            verb,
+            "only type 2 windows are invalidated; a type 1 window is unbound by ibv_bind_mw",
+        ));
+    }
+    check_qp(verb, qp, mw)
+}
+
+/// Puts the window's current rkey where the provider reads it (`mw->rkey`)
+/// before a type 2 bind: the provider names the window by it.
+///
+/// # Safety
+/// `mw` is a live window that the caller borrows mutably (through its
+/// `&mut MemoryWindow`), so that nothing else reads or writes its fields.
+pub(crate) unsafe fn set_current_rkey(mw: *mut sys::ibv_mw, rkey: u32) {
+    // SAFETY: live and exclusively borrowed (caller); providers read
+    // `rkey` only inside calls this crate makes.
+    unsafe { (*mw).rkey = rkey };
+}
+
+/// Undoes a request's bookkeeping that never reached the device.
+pub(crate) fn restore(loan: crate::qp::post_internal::SendLoan) {
+    if let Some(mw) = loan.2 {
+        mw.restore();
+    }
+}
+
+/// Crate access for the extended QP's batch.
+pub(crate) mod internal {
+    use super::*;
+    pub(crate) use super::{check_bind, check_invalidate, restore, set_current_rkey};
+
+    /// The raw window, its rkey before the bind, the new rkey, and the
+    /// loan for a type 2 bind in a batch.
+    pub(crate) fn lend_type2_bind(
+        mw: &mut MemoryWindow,
+        mr: &MemoryRegion,
+    ) -> (*mut sys::ibv_mw, u32, u32, MwLoan) {
+        let current = mw.rkey();
+        // SAFETY: `ibv_inc_rkey` is a pure function.
+        let rkey = unsafe { sys::ibv_inc_rkey(current) };
+        let loan = mw.lend_bind(mr, rkey);
+        (mw.as_ptr(), current, rkey, loan)
+    }
+
+    /// The rkey and loan of a local invalidation in a batch.
+    pub(crate) fn lend_invalidate(mw: &mut MemoryWindow) -> (u32, MwLoan) {
+        (mw.rkey(), mw.lend_invalidate())
+    }
+
+    /// Whether the window is type 1.
+    pub(crate) fn is_type1(mw: &MemoryWindow) -> bool {
+        mw.ty == MwType::Type1
+    }
+}
