@@ -448,11 +448,25 @@ impl WorkCompletion {
     }
 
     /// The invalidated rkey, when `IBV_WC_WITH_INV` is set.
+    ///
+    /// rxe (measured on Linux 6.1) marks a receive that invalidated a
+    /// window with the kernel's `IB_WC_WITH_INVALIDATE` bit (`1 << 2`),
+    /// which libibverbs passes through unchanged and which is
+    /// `IBV_WC_IP_CSUM_OK` in user space: there this returns `None`. Ask the
+    /// receiving QP instead: [`QueuePair::invalidated_rkey`](crate::QueuePair::invalidated_rkey)
+    /// knows its device and transport and reads both.
     #[inline]
     pub fn invalidated_rkey(&self) -> Option<u32> {
         // SAFETY: both union members are plain u32s.
         let raw = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
         self.flags().contains(WcFlags::WITH_INV).then_some(raw)
+    }
+
+    /// The raw `imm_data`/`invalidate_rkey` union, whatever the flags say.
+    #[inline]
+    pub(crate) fn ex_data(&self) -> u32 {
+        // SAFETY: both union members are plain u32s.
+        unsafe { self.0.__bindgen_anon_1.invalidated_rkey }
     }
 
     /// `qp_num`: the local QP this completion belongs to.

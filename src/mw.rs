@@ -571,6 +571,29 @@ impl QueuePair {
     }
 }
 
+impl QueuePair {
+    /// The rkey that receive completion `wc` of this QP invalidated (a
+    /// peer's [`SendOp::SendWithInv`](crate::qp::SendOp::SendWithInv)), or
+    /// `None`.
+    ///
+    /// [`WorkCompletion::invalidated_rkey`] reads `IBV_WC_WITH_INV`; rxe
+    /// sets the kernel's `IB_WC_WITH_INVALIDATE` bit instead (`1 << 2`,
+    /// which user space calls `IBV_WC_IP_CSUM_OK`, a flag that has no
+    /// meaning on the RC and UC receives invalidation happens on). On an
+    /// rxe RC or UC QP that bit on a successful receive counts too.
+    pub fn invalidated_rkey(&self, wc: &crate::WorkCompletion) -> Option<u32> {
+        if let Some(rkey) = wc.invalidated_rkey() {
+            return Some(rkey);
+        }
+        let rxe_inv = wc.is_success()
+            && wc.opcode() == Ok(crate::WcOpcode::Recv)
+            && wc.flags().contains(crate::WcFlags::IP_CSUM_OK)
+            && matches!(self.qp_type(), QpType::Rc | QpType::Uc)
+            && self.pd().context().is_rxe();
+        rxe_inv.then(|| wc.ex_data())
+    }
+}
+
 /// The checks of a local invalidation.
 pub(crate) fn check_invalidate(
     verb: &'static str,

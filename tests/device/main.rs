@@ -9,7 +9,9 @@ mod common;
 mod cm;
 mod context;
 mod data;
+mod ex;
 mod modify;
+mod mw;
 mod objects;
 mod port_cache;
 mod qp;
@@ -21,6 +23,8 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
+    tests.extend_from_slice(ex::TESTS);
+    tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
