@@ -38,6 +38,7 @@ mod post;
 pub(crate) mod post_internal {
     pub(crate) use super::ledger::{Kind, Ledger};
     pub(crate) use super::post::{post_recv_chain, Chunks};
+    pub(crate) use super::post::sealed::Sealed as CompletionSealed;
 }
 mod query;
 mod table;
