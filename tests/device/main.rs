@@ -8,6 +8,7 @@ mod common;
 #[cfg(feature = "cm")]
 mod cm;
 mod context;
+mod cq_ex;
 mod data;
 mod modify;
 mod objects;
@@ -21,6 +22,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
+    tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
