@@ -107,13 +107,16 @@ mod sealed {
 }
 
 /// A field the CQ was created with (type-level `true`).
+#[doc(alias = "ibv_create_cq_wc_flags")]
 #[derive(Debug)]
 pub enum On {}
 /// A field the CQ was created without (type-level `false`).
+#[doc(alias = "ibv_create_cq_wc_flags")]
 #[derive(Debug)]
 pub enum Off {}
 
 /// [`On`] or [`Off`]. Sealed.
+#[doc(alias = "ibv_create_cq_wc_flags")]
 pub trait Flag: sealed::Sealed + 'static {
     /// Whether the field is asked for.
     const ON: bool;
@@ -142,6 +145,7 @@ pub struct Fields<B, I, Q, S, L, SL, D, T, W, V, FT> {
 }
 
 /// No optional field: `wc_flags` 0.
+#[doc(alias = "ibv_create_cq_wc_flags")]
 pub type NoFields = Fields<Off, Off, Off, Off, Off, Off, Off, Off, Off, Off, Off>;
 
 /// The fields of `IBV_WC_STANDARD_FLAGS`: byte_len, imm, qp_num, src_qp,
@@ -150,6 +154,7 @@ pub type NoFields = Fields<Off, Off, Off, Off, Off, Off, Off, Off, Off, Off, Off
 pub type StandardFields = Fields<On, On, On, On, On, On, On, Off, Off, Off, Off>;
 
 /// A set of completion fields ([`Fields`]), with its `wc_flags`. Sealed.
+#[doc(alias = "ibv_create_cq_wc_flags")]
 pub trait FieldSet: sealed::Sealed + 'static {
     /// byte_len.
     type ByteLen: Flag;
@@ -247,7 +252,6 @@ macro_rules! cq_fields {
         impl<'a, F: FieldSet> CqExBuilder<'a, F> {
             $(
                 $(#[$mdoc])*
-                #[must_use]
                 pub fn $method(self) -> CqExBuilder<'a, Fields<$($p),+>> {
                     self.retype()
                 }
@@ -258,76 +262,98 @@ macro_rules! cq_fields {
 
 cq_fields! {
     /// Sets with byte_len ([`PolledWc::byte_len`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithByteLen = ByteLen;
     /// Asks for `byte_len` (`IBV_WC_EX_WITH_BYTE_LEN`).
+    #[doc(alias = "IBV_WC_EX_WITH_BYTE_LEN")]
     fn byte_len -> [On, F::Imm, F::QpNum, F::SrcQp, F::Slid, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with the immediate data / invalidated rkey
     /// ([`PolledWc::imm_data`], [`PolledWc::invalidated_rkey`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithImm = Imm;
     /// Asks for the immediate data and the invalidated rkey, which share
     /// the field (`IBV_WC_EX_WITH_IMM`).
+    #[doc(alias = "IBV_WC_EX_WITH_IMM")]
     fn imm -> [F::ByteLen, On, F::QpNum, F::SrcQp, F::Slid, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with qp_num ([`PolledWc::qp_num`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithQpNum = QpNum;
     /// Asks for the local QP number (`IBV_WC_EX_WITH_QP_NUM`); with it,
     /// [`QueuePair::reclaim`](crate::QueuePair::reclaim) also checks the
     /// completion is the QP's own.
+    #[doc(alias = "IBV_WC_EX_WITH_QP_NUM")]
     fn qp_num -> [F::ByteLen, F::Imm, On, F::SrcQp, F::Slid, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with src_qp ([`PolledWc::src_qp`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithSrcQp = SrcQp;
     /// Asks for the sender's QP number (`IBV_WC_EX_WITH_SRC_QP`).
+    #[doc(alias = "IBV_WC_EX_WITH_SRC_QP")]
     fn src_qp -> [F::ByteLen, F::Imm, F::QpNum, On, F::Slid, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with slid ([`PolledWc::slid`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithSlid = Slid;
     /// Asks for the sender's LID (`IBV_WC_EX_WITH_SLID`).
+    #[doc(alias = "IBV_WC_EX_WITH_SLID")]
     fn slid -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, On, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with sl ([`PolledWc::sl`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithSl = Sl;
     /// Asks for the service level (`IBV_WC_EX_WITH_SL`).
+    #[doc(alias = "IBV_WC_EX_WITH_SL")]
     fn sl -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, F::Slid, On, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with dlid_path_bits ([`PolledWc::dlid_path_bits`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithDlidPathBits = DlidPathBits;
     /// Asks for the destination LID path bits (`IBV_WC_EX_WITH_DLID_PATH_BITS`).
+    #[doc(alias = "IBV_WC_EX_WITH_DLID_PATH_BITS")]
     fn dlid_path_bits -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, F::Slid, F::Sl, On,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with the completion timestamp ([`PolledWc::completion_ts`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithCompletionTimestamp = CompletionTimestamp;
     /// Asks for the device's completion timestamp
     /// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`); needs a device with a
     /// non-zero `completion_timestamp_mask`.
+    #[doc(alias = "IBV_WC_EX_WITH_COMPLETION_TIMESTAMP")]
     fn completion_timestamp -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, F::Slid, F::Sl,
         F::DlidPathBits, On, F::CompletionWallclock, F::Cvlan, F::FlowTag];
 
     /// Sets with the wallclock timestamp ([`PolledWc::completion_wallclock_ns`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithCompletionWallclock = CompletionWallclock;
     /// Asks for the completion time in wallclock nanoseconds
     /// (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`); needs a device with
     /// a `completion_timestamp_mask` and an `hca_core_clock`.
+    #[doc(alias = "IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK")]
     fn completion_wallclock -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, F::Slid, F::Sl,
         F::DlidPathBits, F::CompletionTimestamp, On, F::Cvlan, F::FlowTag];
 
     /// Sets with cvlan ([`PolledWc::cvlan`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithCvlan = Cvlan;
     /// Asks for the customer VLAN (`IBV_WC_EX_WITH_CVLAN`).
+    #[doc(alias = "IBV_WC_EX_WITH_CVLAN")]
     fn cvlan -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, F::Slid, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, On, F::FlowTag];
 
     /// Sets with flow_tag ([`PolledWc::flow_tag`]).
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     trait WithFlowTag = FlowTag;
     /// Asks for the flow tag (`IBV_WC_EX_WITH_FLOW_TAG`).
+    #[doc(alias = "IBV_WC_EX_WITH_FLOW_TAG")]
     fn flow_tag -> [F::ByteLen, F::Imm, F::QpNum, F::SrcQp, F::Slid, F::Sl, F::DlidPathBits,
         F::CompletionTimestamp, F::CompletionWallclock, F::Cvlan, On];
 }
@@ -410,6 +436,7 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
 
     /// Signals through `channel` (of the same context), on completion
     /// vector `comp_vector` (checked by [`build`](Self::build)).
+    #[doc(alias = "ibv_cq_init_attr_ex")]
     pub fn channel(mut self, channel: &CompletionChannel, comp_vector: u32) -> Self {
         self.channel = Some(channel.clone());
         self.comp_vector = comp_vector;
@@ -504,10 +531,11 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
             flags: 0,
             parent_domain: std::ptr::null_mut(),
         };
-        // SAFETY: a live context; `init` is fully initialised, names a live
-        // channel of this context (or none) and an existing vector, and
-        // asks for no comp_mask extension. ibv_create_cq_ex is the inline
-        // that dispatches to the provider (EOPNOTSUPP when it has none).
+        // `init` is fully initialised, names a live channel of this context
+        // (or none) and an existing vector, and asks for no comp_mask
+        // extension. ibv_create_cq_ex is the inline that dispatches to the
+        // provider (EOPNOTSUPP when it has none).
+        // SAFETY: a live context and a valid `init` (above).
         let raw = unsafe { sys::ibv_create_cq_ex(ctx.as_ptr(), &mut init) };
         let Some(raw) = NonNull::new(raw) else {
             let errno = last_errno();
@@ -626,13 +654,14 @@ pub struct CompletionQueueEx<F: FieldSet> {
     _f: PhantomData<fn() -> F>,
 }
 
-// SAFETY: `raw` is the same CQ that `cq` owns (a `Send + Sync` handle that
-// keeps it alive), so it is valid wherever `self` is. Polling verbs are
-// only called through `&mut self` (a `CqPoll` borrows the CQ mutably), so
-// two threads never run a batch on it through this handle, and other
+// Threads: `raw` is the same CQ that `cq` owns (a `Send + Sync` handle
+// that keeps it alive), so it is valid wherever `self` is. Polling verbs
+// are only called through `&mut self` (a `CqPoll` borrows the CQ mutably),
+// so two threads never run a batch on it through this handle, and other
 // handles (`as_cq` clones, the QPs' own) are refused `ibv_poll_cq`. What
 // `&self` offers (`as_cq`, `capacity`, `req_notify`, `wc_flags`) reads
 // fields fixed at creation or calls verbs libibverbs makes thread safe.
+// SAFETY: by the above, the handle may move to another thread.
 unsafe impl<F: FieldSet> Send for CompletionQueueEx<F> {}
 // SAFETY: as above: shared access never polls.
 unsafe impl<F: FieldSet> Sync for CompletionQueueEx<F> {}
@@ -642,12 +671,14 @@ impl<F: FieldSet> CompletionQueueEx<F> {
     /// ([`QpInitAttr::new`](crate::QpInitAttr::new)) and
     /// [`req_notify`](CompletionQueue::req_notify). Its
     /// [`poll`](CompletionQueue::poll) is refused.
+    #[doc(alias = "ibv_cq_ex_to_cq")]
     #[inline]
     pub fn as_cq(&self) -> &CompletionQueue {
         &self.cq
     }
 
     /// How many completions the CQ holds (`cqe`), possibly more than asked for.
+    #[doc(alias = "ibv_cq_ex")]
     #[inline]
     pub fn capacity(&self) -> u32 {
         self.cq.capacity()
@@ -662,6 +693,7 @@ impl<F: FieldSet> CompletionQueueEx<F> {
     }
 
     /// The `wc_flags` the CQ was created with.
+    #[doc(alias = "ibv_create_cq_wc_flags")]
     #[inline]
     pub fn wc_flags(&self) -> u64 {
         F::WC_FLAGS
@@ -729,6 +761,7 @@ enum Batch {
 ///
 /// Dropping it (or [`end`](Self::end)) ends the batch. It holds the
 /// provider's CQ lock, so it is neither `Send` nor `Sync`.
+#[doc(alias = "ibv_start_poll")]
 pub struct CqPoll<'c, F: FieldSet> {
     cq: &'c mut CompletionQueueEx<F>,
     state: Batch,
@@ -748,10 +781,11 @@ impl<F: FieldSet> CqPoll<'_, F> {
         match self.state {
             Batch::First => self.state = Batch::Current,
             Batch::Current => {
-                // SAFETY: the batch is open (start_poll succeeded and
-                // neither end_poll nor a final next_poll has run); the
-                // provider set next_poll (checked in `build`). No
-                // `PolledWc` of the batch is alive (they borrow `self`).
+                // The batch is open (start_poll succeeded and neither
+                // end_poll nor a final next_poll has run); the provider set
+                // next_poll (checked in `build`). No `PolledWc` of the
+                // batch is alive (they borrow `self`).
+                // SAFETY: an open batch of a live CQ (above).
                 let rc = unsafe { sys::ibv_next_poll(self.cq.raw.as_ptr()) };
                 match poll_errno(rc) {
                     None => {}
@@ -812,6 +846,7 @@ impl<F: FieldSet> fmt::Debug for CqPoll<'_, F> {
 /// field in `F`. It hands requests back through
 /// [`QueuePair::reclaim`](crate::QueuePair::reclaim) and
 /// [`SharedReceiveQueue::reclaim`](crate::SharedReceiveQueue::reclaim).
+#[doc(alias = "ibv_cq_ex")]
 pub struct PolledWc<'p, F: FieldSet> {
     cq: NonNull<sys::ibv_cq_ex>,
     _batch: PhantomData<&'p mut ()>,
@@ -827,6 +862,7 @@ impl<F: FieldSet> PolledWc<'_, F> {
     /// The `wr_id` of the work request this completes, as the device saw
     /// it (the crate's tag for requests of the safe path; the caller's
     /// `wr_id` comes back from [`QueuePair::reclaim`](crate::QueuePair::reclaim)).
+    #[doc(alias = "ibv_cq_ex")]
     #[inline]
     pub fn wr_id(&self) -> u64 {
         // SAFETY: the CQ is live and the batch open, with this completion
@@ -842,6 +878,7 @@ impl<F: FieldSet> PolledWc<'_, F> {
     }
 
     /// The status; `Err(raw)` for a status this crate does not know.
+    #[doc(alias = "ibv_cq_ex")]
     #[inline]
     pub fn status(&self) -> Result<WcStatus, u32> {
         let s = self.raw_status();
@@ -849,6 +886,7 @@ impl<F: FieldSet> PolledWc<'_, F> {
     }
 
     /// Whether the status is `IBV_WC_SUCCESS`.
+    #[doc(alias = "ibv_cq_ex")]
     #[inline]
     pub fn is_success(&self) -> bool {
         self.raw_status() == sys::ibv_wc_status::IBV_WC_SUCCESS
