@@ -40,8 +40,8 @@
 //! dropped before its first `next` consumes that completion unseen, as
 //! `ibv_end_poll` after `ibv_start_poll` does in C.
 //!
-//! While a batch is open no other thread can poll or destroy-clean the CQ
-//! (the provider lock). Do not destroy or reset a queue pair of this CQ on
+//! While a batch is open the provider's CQ lock is held, and other users
+//! of that lock wait for it. Do not destroy or reset a queue pair of this CQ on
 //! the batch's own thread while it is open: mlx5 cleans the QP's entries
 //! out of its CQs under that lock and would wait for it forever. Reclaiming
 //! through [`QueuePair::reclaim`](crate::QueuePair::reclaim) calls no verb
