@@ -12,6 +12,7 @@
 //! | `struct ibv_pd` | [`ProtectionDomain`] |
 //! | `struct ibv_mr` | [`MemoryRegion`] |
 //! | `struct ibv_cq`, `struct ibv_wc` | [`CompletionQueue`], [`WorkCompletion`] |
+//! | `ibv_create_cq_ex`, `struct ibv_cq_ex`, `ibv_start_poll`, `ibv_next_poll`, `ibv_end_poll`, `ibv_wc_read_*` | [`Context::create_cq_ex`], [`CompletionQueueEx`], [`CqPoll`], [`PolledWc`], fields in [`cq_ex`] |
 //! | `struct ibv_qp` | [`QueuePair`], [`qp::Qp`] (transport-typed) |
 //! | `ibv_modify_qp`, `struct ibv_qp_attr`, `enum ibv_qp_attr_mask` | [`QueuePair::modify`], [`qp::QpAttr`], [`qp::QpAttrMask`], typed builders in [`qp`] |
 //! | `ibv_post_send`, `ibv_post_recv`, `struct ibv_send_wr` | [`QueuePair::post_send`], [`QueuePair::post_recv`], [`qp::SendWr`], [`qp::RecvWr`], [`Chunk`], [`QueuePair::reclaim`] |
@@ -91,6 +92,7 @@ mod channel;
 pub mod cm;
 mod context;
 mod cq;
+pub mod cq_ex;
 mod device;
 mod device_attr;
 mod error;
@@ -109,6 +111,7 @@ pub use ah::{AddressHandle, GRH_LEN};
 pub use channel::{CompletionChannel, CqEvent};
 pub use context::Context;
 pub use cq::{CompletionQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use cq_ex::{CompletionQueueEx, CqExBuilder, CqPoll, PolledWc, StandardFields};
 pub use device::{Device, DeviceList, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags, PacketPacingCaps};
 pub use error::{Error, Result};
@@ -134,6 +137,8 @@ mod thread_safety {
         send_sync::<crate::MemoryRegion>();
         send_sync::<crate::MemoryWindow>();
         send_sync::<crate::CompletionQueue>();
+        send_sync::<crate::CompletionQueueEx<crate::StandardFields>>();
+        send_sync::<crate::CompletionQueueEx<crate::cq_ex::NoFields>>();
         send_sync::<crate::QueuePair>();
         send_sync::<crate::WorkCompletion>();
         send_sync::<crate::Error>();

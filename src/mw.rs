@@ -576,7 +576,7 @@ impl QueuePair {
     /// peer's [`SendOp::SendWithInv`](crate::qp::SendOp::SendWithInv)), or
     /// `None`.
     ///
-    /// [`WorkCompletion::invalidated_rkey`] reads `IBV_WC_WITH_INV`; rxe
+    /// [`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey) reads `IBV_WC_WITH_INV`; rxe
     /// sets the kernel's `IB_WC_WITH_INVALIDATE` bit instead (`1 << 2`,
     /// which user space calls `IBV_WC_IP_CSUM_OK`, a flag that has no
     /// meaning on the RC and UC receives invalidation happens on). On an

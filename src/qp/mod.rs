@@ -38,6 +38,7 @@ mod post;
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
     pub(crate) use super::ledger::{Kind, Ledger};
+    pub(crate) use super::post::sealed::Sealed as CompletionSealed;
     pub(crate) use super::post::{post_recv_chain, Chunks, SendLoan};
 }
 mod query;

@@ -8,6 +8,7 @@ mod common;
 #[cfg(feature = "cm")]
 mod cm;
 mod context;
+mod cq_ex;
 mod data;
 mod ex;
 mod modify;
@@ -25,6 +26,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(ex::TESTS);
     tests.extend_from_slice(mw::TESTS);
+    tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
