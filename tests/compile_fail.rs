@@ -1,11 +1,12 @@
 //! Compile-fail tests. The typed transition API refuses, at compile time, a
 //! missing required attribute, an attribute the transition does not take,
 //! and a builder of another transport; the data path refuses using,
-//! freeing or holding a slice of a buffer once it is posted, and a slice of
-//! memory peers may write, a chunk that went into an `ibv_wr_*` batch and
-//! posting beside an open batch; an extended CQ refuses reading a field it
-//! was not created with and keeping a completion past its batch. Each case is a file in `tests/compile_fail/`
-//! with the compiler's expected complaint beside it.
+//! freeing or holding a slice of a buffer once it is posted, a slice of
+//! memory peers may write, using a chunk that went into an `ibv_wr_*`
+//! batch, and posting beside an open batch; an extended CQ refuses reading
+//! a field it was not created with and keeping a completion past its
+//! batch. Each case is a file in `tests/compile_fail/` with the compiler's
+//! expected complaint beside it.
 //!
 //! They run rustc, so inside the soft-RoCE VM (`RDMA_VERBS_VM=1`) they are
 //! reported as ignored; the host's `cargo test` runs them.
