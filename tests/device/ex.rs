@@ -30,6 +30,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("ex::an_empty_batch_posts_nothing", empty_batch),
     ("ex::basic_and_batch_posts_share_the_ledger", mixed_paths),
     ("ex::reset_hands_batch_requests_back", reset_returns),
+    (
+        "ex::a_failed_complete_keeps_its_requests_in_doubt",
+        failed_complete_in_doubt,
+    ),
 ];
 
 /// Everything an RC QP can post through a batch.
@@ -800,5 +804,63 @@ fn reset_returns(env: &Env) -> Result<(), Failed> {
             "a stale completion ended something"
         );
     }
+    Ok(())
+}
+
+/// rxe's `ibv_wr_complete` stores its producer index before it rings the
+/// kernel; a QP moved to RESET behind the crate's back (raw
+/// `ibv_modify_qp`, so the known state still says RTS) makes the doorbell
+/// fail after the requests are in the ring. The failure must not hand the
+/// chunks back: they stay outstanding until RESET proves the device done.
+fn failed_complete_in_doubt(env: &Env) -> Result<(), Failed> {
+    let mut p = ex_pair(
+        env,
+        QpType::Rc,
+        SendOpsFlags::SEND,
+        QpCaps::default(),
+        AccessFlags::empty(),
+    )?;
+    let mut attr = rdma_verbs::sys::ibv_qp_attr {
+        qp_state: rdma_verbs::sys::ibv_qp_state::IBV_QPS_RESET,
+        ..Default::default()
+    };
+    // SAFETY: a live QP with no outstanding request; a plain state change
+    // the kernel validates. The crate's known state goes stale on purpose.
+    let rc = unsafe {
+        rdma_verbs::sys::ibv_modify_qp(
+            p.a.as_raw(),
+            &mut attr,
+            rdma_verbs::sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+        )
+    };
+    ensure!(rc == 0, "raw modify to RESET: {rc}");
+    ensure!(p.a.state() == QpState::Rts, "known state {:?}", p.a.state());
+    let bufs = chunks(&p.pd, 2, 64)?;
+    let mut batch = p.a.start_batch()?;
+    for (i, c) in bufs.into_iter().enumerate() {
+        batch.post(SendWr::new(i as u64, SendOp::Send).sge(c))?;
+    }
+    match batch.complete() {
+        Err(e) => {
+            ensure!(e.posted == 2 && e.returned.is_empty(), "{e:?}");
+            ensure!(
+                p.a.outstanding_sends() == 2,
+                "{} outstanding",
+                p.a.outstanding_sends()
+            );
+        }
+        // A provider that checks the state first may accept or refuse;
+        // rxe 44 fails the doorbell.
+        Ok(()) if env.ctx.attr().vendor_id != 0x00ff_ffff => {}
+        Ok(()) => return Err("rxe completed a batch on a QP in RESET".into()),
+    }
+    ensure!(p.a.resync()? == QpState::Reset, "resync");
+    let back = p.a.reset()?;
+    ensure!(back.len() == 2, "RESET handed back {}", back.len());
+    ensure!(
+        back.into_iter().flat_map(|c| c.chunks()).count() == 2,
+        "chunks"
+    );
+    let _ = &mut p.b;
     Ok(())
 }
