@@ -653,6 +653,15 @@ impl std::error::Error for PostError {
     }
 }
 
+impl From<Error> for PostError {
+    /// A refusal that lent nothing: `posted` 0, no chunks returned (for
+    /// `?` on calls such as [`QueuePair::start_batch`] in a function that
+    /// returns `PostError`).
+    fn from(error: Error) -> Self {
+        fail(error, 0, Vec::new())
+    }
+}
+
 impl From<PostError> for Error {
     /// Keeps the error; the returned chunks are dropped.
     fn from(e: PostError) -> Self {

@@ -5,11 +5,7 @@ use rdma_verbs::qp::{SendOp, SendWr};
 use rdma_verbs::{Chunk, QueuePair};
 
 fn send(qp: &mut QueuePair, mut chunk: Chunk) -> Result<(), rdma_verbs::qp::PostError> {
-    let mut batch = qp.start_batch().map_err(|e| rdma_verbs::qp::PostError {
-        error: e,
-        posted: 0,
-        returned: Vec::new(),
-    })?;
+    let mut batch = qp.start_batch()?;
     batch.post(SendWr::new(1, SendOp::Send).sge(chunk))?;
     batch.complete()?;
     chunk.as_mut_slice()[0] = 1;
