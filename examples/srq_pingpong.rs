@@ -20,7 +20,15 @@
 //!   -g, --gid-idx=<idx>    local port GID index (needed on RoCE)
 //!   -o, --odp              accepted, but not available in this port
 //!   -c, --chk              validate received buffer
+//!   -N, --new_send         post the sends through the ibv_wr_* API (an extension)
 //! ```
+//!
+//! `-N` is an extension of this port: rdma-core 44's `ibv_srq_pingpong`
+//! has no such option (its usage text, which this one otherwise follows,
+//! lists none). As with `ibv_rc_pingpong -N`, the QPs are created with
+//! `ibv_create_qp_ex` (`IBV_QP_EX_WITH_SEND`) and each SEND is posted as
+//! `ibv_wr_start`, `ibv_wr_send` with its data, `ibv_wr_complete`. The
+//! wire is the same, so the C program (without `-N`) can be the peer.
 //!
 //! On soft-RoCE: `cargo run --example srq_pingpong -- -d rxe0 -g 1` on one
 //! side and `... -d rxe0 -g 1 127.0.0.1` on the other.
@@ -58,6 +66,7 @@ const PROGRAM: Program = Program {
         opt('o', "odp", false),
         opt('g', "gid-idx", true),
         opt('c', "chk", false),
+        opt('N', "new_send", false),
     ],
     help: &[
         "  -p, --port=<port>      listen on/connect to port <port> (default 18515)",
@@ -73,6 +82,7 @@ const PROGRAM: Program = Program {
         "  -g, --gid-idx=<gid index> local port gid index",
         "  -o, --odp              use on demand paging (not available in this port)",
         "  -c, --chk              validate received buffer",
+        "  -N, --new_send            use new post send WR API (extension: not in ibv_srq_pingpong)",
     ],
     default_size: 4096,
 };
@@ -158,7 +168,10 @@ fn run(cfg: Config) -> Res<()> {
     let mut inline = false;
     for i in 0..num_qp {
         let qp = pd
-            .create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq).caps(caps))
+            .create_qp(&pingpong::send_ops(
+                QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq).caps(caps),
+                cfg.new_send,
+            ))
             .or_fail(&format!("Couldn't create QP[{i}]"))?;
         inline |= qp.caps().max_inline_data as usize >= size;
         qps.push(qp);

@@ -17,7 +17,16 @@
 //!   -e, --events           sleep on CQ events (default poll)
 //!   -g, --gid-idx=<idx>    local port GID index (needed on RoCE)
 //!   -c, --chk              validate received buffer
+//!   -N, --new_send         post the sends through the ibv_wr_* API (an extension)
 //! ```
+//!
+//! `-N` is an extension of this port: rdma-core 44's `ibv_ud_pingpong`
+//! has no such option (its usage text, which this one otherwise follows,
+//! lists none). As with `ibv_rc_pingpong -N`, the QP is created with
+//! `ibv_create_qp_ex` (`IBV_QP_EX_WITH_SEND`) and each SEND is posted as
+//! `ibv_wr_start`, `ibv_wr_send` and `ibv_wr_set_ud_addr` with its data,
+//! `ibv_wr_complete`. The wire is the same, so the C program (without
+//! `-N`) can be the peer.
 //!
 //! Every receive buffer has 40 bytes in front for the GRH, as in C. On
 //! soft-RoCE: `cargo run --example ud_pingpong -- -d rxe0 -g 1` on one side
@@ -46,6 +55,7 @@ const PROGRAM: Program = Program {
         opt('e', "events", false),
         opt('g', "gid-idx", true),
         opt('c', "chk", false),
+        opt('N', "new_send", false),
     ],
     help: &[
         "  -p, --port=<port>      listen on/connect to port <port> (default 18515)",
@@ -58,6 +68,7 @@ const PROGRAM: Program = Program {
         "  -e, --events           sleep on CQ events (default poll)",
         "  -g, --gid-idx=<gid index> local port gid index",
         "  -c, --chk              validate received buffer",
+        "  -N, --new_send            use new post send WR API (extension: not in ibv_ud_pingpong)",
     ],
     default_size: 1024,
 };

@@ -7,6 +7,15 @@
 //! on the test device over 127.0.0.1. Both processes must exit 0, print
 //! their results, and find no invalid data.
 //!
+//! With `-N` (sends posted through the `ibv_wr_*` API): rc against
+//! `ibv_rc_pingpong -N` in both roles and Rust with Rust; uc, ud and srq
+//! (where `-N` is an extension of the Rust port) against the C programs
+//! without it, in both roles; with default options and with a non-default
+//! size, 200 iterations and `-c`. And `rc_pingpong -t` against
+//! `ibv_rc_pingpong -t` on a device without completion timestamps (rxe):
+//! in both roles, the same message on stderr, nothing on stdout, the same
+//! exit status.
+//!
 //! Also runs the `rdma_ops` example, server and client, which checks every
 //! RDMA write, read and atomic result.
 //!
@@ -115,6 +124,141 @@ const UC: [Run; 8] = runs_for!("uc", "1024");
 const UD: [Run; 8] = runs_for!("ud", "512");
 const SRQ: [Run; 8] = runs_for!("srq", "1024");
 
+/// `-N` runs: `ibv_rc_pingpong -N` in both roles and Rust with Rust; the
+/// other three with `-N` on the Rust side only (the C programs have none).
+/// Each pairing with default options, and with a size of its own, 200
+/// iterations and `-c` (events on one side): rc 4096 and 1024 against C and
+/// 16 bytes Rust with Rust (inline on most devices: the data goes through
+/// `ibv_wr_set_inline_data`), uc 2048 (two packets), ud 512, srq 4096.
+const NEW_SEND: [Run; 18] = [
+    Run {
+        example: "rc",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N"],
+        client_args: &["-N"],
+    },
+    Run {
+        example: "rc",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-N"],
+        client_args: &["-N"],
+    },
+    Run {
+        example: "rc",
+        server: Side::Rust,
+        client: Side::Rust,
+        server_args: &["-N"],
+        client_args: &["-N"],
+    },
+    Run {
+        example: "rc",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N", "-e", "-s", "4096", "-n", "200", "-c"],
+        client_args: &["-N", "-s", "4096", "-n", "200", "-c"],
+    },
+    Run {
+        example: "rc",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-N", "-s", "1024", "-n", "200", "-c"],
+        client_args: &["-N", "-e", "-s", "1024", "-n", "200", "-c"],
+    },
+    Run {
+        example: "rc",
+        server: Side::Rust,
+        client: Side::Rust,
+        server_args: &["-N", "-s", "16", "-n", "200", "-c"],
+        client_args: &["-N", "-s", "16", "-n", "200", "-c"],
+    },
+    Run {
+        example: "uc",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N"],
+        client_args: &[],
+    },
+    Run {
+        example: "uc",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &[],
+        client_args: &["-N"],
+    },
+    Run {
+        example: "uc",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N", "-s", "2048", "-n", "200", "-c"],
+        client_args: &["-s", "2048", "-n", "200", "-c"],
+    },
+    Run {
+        example: "uc",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-s", "2048", "-n", "200", "-c"],
+        client_args: &["-N", "-e", "-s", "2048", "-n", "200", "-c"],
+    },
+    Run {
+        example: "ud",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N"],
+        client_args: &[],
+    },
+    Run {
+        example: "ud",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &[],
+        client_args: &["-N"],
+    },
+    Run {
+        example: "ud",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N", "-e", "-s", "512", "-n", "200", "-c"],
+        client_args: &["-s", "512", "-n", "200", "-c"],
+    },
+    Run {
+        example: "ud",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-s", "512", "-n", "200", "-c"],
+        client_args: &["-N", "-s", "512", "-n", "200", "-c"],
+    },
+    Run {
+        example: "srq",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N"],
+        client_args: &[],
+    },
+    Run {
+        example: "srq",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &[],
+        client_args: &["-N"],
+    },
+    Run {
+        example: "srq",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-N", "-s", "4096", "-n", "200", "-c"],
+        client_args: &["-s", "4096", "-n", "200", "-c"],
+    },
+    Run {
+        example: "srq",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-s", "4096", "-n", "200", "-c"],
+        client_args: &["-N", "-e", "-s", "4096", "-n", "200", "-c"],
+    },
+];
+
 fn nth(n: usize) -> &'static Run {
     [&RC, &UC, &UD, &SRQ][n / 8].get(n % 8).expect("32 runs")
 }
@@ -130,8 +274,20 @@ const PINGPONGS: &[(&str, TestFn)] = trials!(
     26, 27, 28, 29, 30, 31
 );
 
+macro_rules! new_send_trials {
+    ($($i:literal),*) => {
+        &[$((concat!("interop::new_send_", $i), run_new_send::<$i> as TestFn)),*]
+    };
+}
+
+const NEW_SEND_RUNS: &[(&str, TestFn)] =
+    new_send_trials!(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17);
+
 fn main() -> std::process::ExitCode {
     let mut tests = PINGPONGS.to_vec();
+    tests.extend_from_slice(NEW_SEND_RUNS);
+    tests.push(("interop::rc_ts_server", rc_ts::<false>));
+    tests.push(("interop::rc_ts_client", rc_ts::<true>));
     tests.push(("interop::rdma_ops", rdma_ops));
     // Two VMs' worth of pingpongs at once would share the one device and
     // the loopback ports: one at a time.
@@ -142,6 +298,108 @@ fn main() -> std::process::ExitCode {
 
 fn run_n<const N: usize>(env: &Env) -> Result<(), Failed> {
     run(env, nth(N), 19_000 + N as u16)
+}
+
+fn run_new_send<const N: usize>(env: &Env) -> Result<(), Failed> {
+    run(env, &NEW_SEND[N], 19_200 + N as u16)
+}
+
+/// `rc_pingpong -t` and `ibv_rc_pingpong -t` in one role (`client`: with
+/// `127.0.0.1`; the check comes before any connection). On a device without
+/// completion timestamps both must fail the same way: the same stdout
+/// (nothing), the same stderr ("The device isn't completion timestamp
+/// capable"), the same exit status (1). On a device with them the C
+/// program would run, and the Rust one must say that `-t` is not available.
+fn rc_ts<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
+    let mut args: Vec<String> = vec![
+        "-t".into(),
+        "-d".into(),
+        env.ctx.name().into(),
+        "-i".into(),
+        env.port.to_string(),
+        "-p".into(),
+        if CLIENT { "19250" } else { "19251" }.into(),
+    ];
+    if let Some(g) = gid_index(env)? {
+        args.extend(["-g".into(), g.to_string()]);
+    }
+    if CLIENT {
+        args.push("127.0.0.1".into());
+    }
+    let run = |bin: &PathBuf| -> Result<(Option<i32>, String, String), Failed> {
+        let child = Command::new(bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        finish_split(child, common::deadline())
+    };
+    let rust = run(&rust_example("rc_pingpong")?)?;
+    let mask = env.ctx.query_device()?.completion_timestamp_mask;
+    let role = if CLIENT { "client" } else { "server" };
+    if mask != 0 {
+        ensure!(
+            rust.0 == Some(1) && rust.2.contains("-t/--ts") && rust.2.contains("not available"),
+            "{role}: the device has completion timestamps (mask {mask:#x}); \
+             rc_pingpong -t should say it cannot use them: {rust:?}"
+        );
+        eprintln!(
+            "interop: rc -t {role}: device has timestamps; Rust: {}",
+            rust.2.trim()
+        );
+        return Ok(());
+    }
+    let c = run(&on_path_c("ibv_rc_pingpong")?)?;
+    ensure!(
+        rust == c,
+        "{role}: rc_pingpong -t and ibv_rc_pingpong -t differ\n\
+         --- Rust (status, stdout, stderr): {rust:?}\n--- C: {c:?}"
+    );
+    ensure!(
+        c.0 == Some(1)
+            && c.1.is_empty()
+            && c.2 == "The device isn't completion timestamp capable\n",
+        "{role}: ibv_rc_pingpong -t did not fail as expected on a device \
+         without timestamps: {c:?}"
+    );
+    eprintln!(
+        "interop: rc -t {role}: both exit {:?} with {:?}",
+        c.0,
+        c.2.trim()
+    );
+    Ok(())
+}
+
+/// Waits for `child` up to `limit` (killing it after: an error); returns
+/// its exit code, stdout and stderr.
+fn finish_split(
+    mut child: Child,
+    limit: Duration,
+) -> Result<(Option<i32>, String, String), Failed> {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "still running after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)"
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_string(&mut out)?;
+    }
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut err)?;
+    }
+    Ok((status.code(), out, err))
 }
 
 /// The GID index the runs use: a RoCE v2 GID (IPv4-mapped if there is one)

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_verbs::qp::{
     AddressVector, Endpoint, GlobalRoute, PostError, Psn, QKey, QpAttr, QpNum, RecvWr, SendOp,
-    SendWr,
+    SendOpsFlags, SendWr, WrBatch,
 };
 use rdma_verbs::{
     AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, Context, DeviceList,
@@ -110,6 +110,11 @@ pub struct Config {
     pub validate: bool,
     /// Number of QPs (`-q`, srq_pingpong, default 16).
     pub num_qp: usize,
+    /// Post sends through the `ibv_wr_*` API (`-N`): the QPs are created
+    /// with `ibv_create_qp_ex` and `IBV_QP_EX_WITH_SEND`.
+    pub new_send: bool,
+    /// Completion timestamps (`-t`, rc_pingpong).
+    pub timestamps: bool,
     /// Other flag options given (`-o`, `-t`, ...), each once, in order.
     pub flags: Vec<char>,
 }
@@ -291,6 +296,8 @@ pub fn parse_config(argv0: &str, args: &[String], prog: &Program) -> Result<Conf
         gidx: None,
         validate: false,
         num_qp: 16,
+        new_send: false,
+        timestamps: false,
         flags: Vec::new(),
     };
     for (c, value) in found {
@@ -327,6 +334,8 @@ pub fn parse_config(argv0: &str, args: &[String], prog: &Program) -> Result<Conf
             }
             'c' => cfg.validate = true,
             'q' => cfg.num_qp = unsigned(i64::from(u32::MAX))? as usize,
+            'N' => cfg.new_send = true,
+            't' => cfg.timestamps = true,
             other => {
                 if !cfg.flags.contains(&other) {
                     cfg.flags.push(other)
@@ -361,15 +370,11 @@ pub fn unsupported(prog: &str, flag: char) -> String {
         ),
         't' => (
             "-t/--ts (completion timestamps)",
-            "rdma-verbs has no extended CQ (ibv_create_cq_ex, ibv_wc_read_completion_ts)",
+            "rdma-verbs has no extended CQ yet (ibv_create_cq_ex, ibv_wc_read_completion_ts)",
         ),
         'j' => (
             "-j/--dm (device memory)",
             "rdma-verbs has no device memory (ibv_alloc_dm, ibv_reg_dm_mr, ibv_memcpy_to_dm)",
-        ),
-        'N' => (
-            "-N/--new_send (new post send API)",
-            "rdma-verbs has no ibv_create_qp_ex / ibv_wr_* send path",
         ),
         'U' => ("-U", "it is not implemented"),
         _ => ("this option", "it is not implemented"),
@@ -607,6 +612,106 @@ pub fn print_results(size: usize, iters: u32, elapsed: Duration) {
 }
 
 // ---------------------------------------------------------------------------
+// Completion timestamps (-t, rc_pingpong)
+// ---------------------------------------------------------------------------
+
+/// The `-t` check of `ibv_rc_pingpong`'s `pp_init_ctx` (made once the PD is
+/// allocated, as there): the device's `completion_timestamp_mask`, or the C
+/// program's message when it is 0 (no completion timestamps, as on rxe).
+pub fn timestamp_mask(ctx: &Context) -> Res<u64> {
+    let attr = ctx
+        .query_device()
+        .or_fail("Couldn't query device for its features")?;
+    match attr.completion_timestamp_mask {
+        0 => Err("The device isn't completion timestamp capable".into()),
+        mask => Ok(mask),
+    }
+}
+
+/// What `-t` answers on a device that has completion timestamps: the
+/// receive loop needs an extended CQ (`ibv_create_cq_ex` with
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, polled with `ibv_start_poll` and
+/// read with `ibv_wc_read_completion_ts`), which rdma-verbs does not offer
+/// yet. With one, [`SingleQp`] would poll it instead of its CQ and hand each
+/// receive's timestamp to [`TsStats::record`], and `run_connected` would
+/// print [`TsStats::lines`] after the results.
+pub fn timestamps_unavailable(mask: u64) -> String {
+    format!(
+        "{} (the device's completion_timestamp_mask is {mask:#x})",
+        unsupported("rc_pingpong", 't')
+    )
+}
+
+/// `struct ts_params` of `ibv_rc_pingpong -t`: the clock cycles between
+/// consecutive receive completions.
+#[derive(Debug, Clone)]
+pub struct TsStats {
+    /// The device's `completion_timestamp_mask` (where the clock wraps).
+    mask: u64,
+    max: u64,
+    min: u64,
+    total: u64,
+    prev: u64,
+    have_prev: bool,
+    iters: u32,
+}
+
+impl TsStats {
+    /// Empty statistics for a clock that wraps at `mask`, initialised as the
+    /// C program does (the minimum starts at 0xffffffff).
+    pub fn new(mask: u64) -> Self {
+        TsStats {
+            mask,
+            max: 0,
+            min: 0xffff_ffff,
+            total: 0,
+            prev: 0,
+            have_prev: false,
+            iters: 0,
+        }
+    }
+
+    /// A receive completed at `ts`: the delta to the previous one (across
+    /// one wrap of the clock) goes into the statistics.
+    pub fn record(&mut self, ts: u64) {
+        if self.have_prev {
+            let delta = if ts >= self.prev {
+                ts - self.prev
+            } else {
+                // The clock wrapped: the C program's arithmetic, which
+                // wraps in u64 too.
+                self.mask
+                    .wrapping_sub(self.prev)
+                    .wrapping_add(ts)
+                    .wrapping_add(1)
+            };
+            self.max = self.max.max(delta);
+            self.min = self.min.min(delta);
+            self.total = self.total.wrapping_add(delta);
+            self.iters += 1;
+        }
+        self.prev = ts;
+        self.have_prev = true;
+    }
+
+    /// The lines the C program prints after the results (none when no
+    /// delta was measured).
+    pub fn lines(&self) -> Vec<String> {
+        if self.iters == 0 {
+            return Vec::new();
+        }
+        vec![
+            format!("Max receive completion clock cycles = {}", self.max),
+            format!("Min receive completion clock cycles = {}", self.min),
+            format!(
+                "Average receive completion clock cycles = {:.6}",
+                self.total as f64 / f64::from(self.iters)
+            ),
+        ]
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Buffer contents (-c)
 // ---------------------------------------------------------------------------
 
@@ -714,6 +819,11 @@ pub struct UdDest {
 /// `pp_post_send`: one signalled SEND of `size` bytes from `buf` (inline when
 /// the QP can take it), to `ud` on a UD QP. The chunk comes back with the
 /// send's completion (or stays in `buf` for inline sends).
+///
+/// A QP created with `send_ops` (`-N`) posts it as `ibv_rc_pingpong -N`
+/// does, through the `ibv_wr_*` API: `ibv_wr_start`, `ibv_wr_send` (with
+/// `ibv_wr_set_ud_addr` on UD) and the data, `ibv_wr_complete`; any other
+/// through `ibv_post_send`. Either way the request is the same [`SendWr`].
 pub fn post_send(
     qp: &mut QueuePair,
     buf: &mut Option<Chunk>,
@@ -732,17 +842,65 @@ pub fn post_send(
             None => wr,
         }
     }
+    // With -N the batch is opened first, so that a refusal there leaves the
+    // chunk with us.
+    let poster = match qp.send_ops() {
+        Some(_) => match qp.start_batch() {
+            Ok(b) => Poster::Batch(b),
+            Err(e) => {
+                *buf = Some(chunk);
+                return Err(format!("Couldn't post send ({e})"));
+            }
+        },
+        None => Poster::Basic(qp),
+    };
     if inline {
+        // The data is copied into the request: the chunk stays ours.
         let wr = SendWr::new(SEND_WRID, SendOp::Send).inline(&chunk.as_slice()[..size]);
-        let res = qp.post_send([dest(wr, ud)]);
+        let res = poster.post(dest(wr, ud));
         *buf = Some(chunk);
-        return res.or_fail("Couldn't post send");
+        return res.map_err(|e| e.error).or_fail("Couldn't post send");
     }
     let wr = SendWr::new(SEND_WRID, SendOp::Send).sge_len(chunk, size);
-    qp.post_send([dest(wr, ud)]).map_err(|mut e| {
+    poster.post(dest(wr, ud)).map_err(|mut e| {
+        // A refused request gives its chunk back; one in doubt (a failed
+        // ibv_wr_complete or ibv_post_send) keeps it until its completion.
         *buf = e.returned.pop();
         format!("Couldn't post send ({})", e.error)
     })
+}
+
+/// Where [`post_send`] posts: a batch opened on an extended QP (`-N`), or
+/// the QP's `ibv_post_send`.
+enum Poster<'q> {
+    Batch(WrBatch<'q>),
+    Basic(&'q mut QueuePair),
+}
+
+impl Poster<'_> {
+    /// Posts `wr`: into the batch, which is then completed (a request the
+    /// batch refuses is handed back in the error, and the batch, dropped,
+    /// is aborted: nothing reaches the device); or with `ibv_post_send`.
+    fn post(self, wr: SendWr<'_>) -> Result<(), PostError> {
+        match self {
+            Poster::Batch(mut batch) => {
+                batch.post(wr)?;
+                batch.complete()
+            }
+            Poster::Basic(qp) => qp.post_send([wr]),
+        }
+    }
+}
+
+/// `attr` for `-N` (`new_send`): created with `ibv_create_qp_ex` and
+/// `send_ops_flags = IBV_QP_EX_WITH_SEND`, as `ibv_rc_pingpong -N` creates
+/// its QP; [`post_send`] then posts through the `ibv_wr_*` API.
+pub fn send_ops(attr: QpInitAttr<'_>, new_send: bool) -> QpInitAttr<'_> {
+    if new_send {
+        attr.send_ops(SendOpsFlags::SEND)
+    } else {
+        attr
+    }
 }
 
 /// Waits for completions as the C loop does: with a channel, one event (the
@@ -842,6 +1000,10 @@ impl SingleQp {
     ) -> Res<Self> {
         let channel = create_channel(ctx, cfg.use_event)?;
         let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
+        if cfg.timestamps {
+            let mask = timestamp_mask(ctx)?;
+            return Err(timestamps_unavailable(mask));
+        }
         let recv_pool = alloc_buffers(&pd, cfg.rx_depth, cfg.size + recv_offset, 0x7b)?;
         let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
         let cq = create_cq(ctx, cfg.rx_depth + 1, channel.as_ref())?;
@@ -853,7 +1015,10 @@ impl SingleQp {
             max_inline_data: 0,
         };
         let mut qp = pd
-            .create_qp(&QpInitAttr::new(qp_type, &cq, &cq).caps(caps))
+            .create_qp(&send_ops(
+                QpInitAttr::new(qp_type, &cq, &cq).caps(caps),
+                cfg.new_send,
+            ))
             .or_fail("Couldn't create QP")?;
         let inline = qp.caps().max_inline_data as usize >= cfg.size;
         qp.modify(&init).or_fail("Failed to modify QP to INIT")?;
@@ -1010,6 +1175,42 @@ mod tests {
         assert_eq!(parse_c_int("0"), Some(0));
         assert_eq!(parse_c_int("-1"), Some(-1));
         assert_eq!(parse_c_int("1k"), None);
+    }
+
+    #[test]
+    fn timestamp_statistics() {
+        let mut ts = TsStats::new(0xffff);
+        assert!(ts.lines().is_empty());
+        ts.record(100);
+        assert!(ts.lines().is_empty(), "one completion gives no delta");
+        ts.record(130);
+        ts.record(0xfff0); // +65390
+        ts.record(0x10); // wraps: 0xffff - 0xfff0 + 0x10 + 1 = 0x20
+        assert_eq!(
+            ts.lines(),
+            [
+                "Max receive completion clock cycles = 65390",
+                "Min receive completion clock cycles = 30",
+                "Average receive completion clock cycles = 21817.333333",
+            ]
+        );
+    }
+
+    #[test]
+    fn new_send_and_ts_parse() {
+        const OPTS: &[OptDef] = &[opt('N', "new_send", false), opt('t', "ts", false)];
+        let prog = Program {
+            opts: OPTS,
+            help: &[],
+            default_size: 4096,
+        };
+        let cfg = parse_config("x", &args(&["--new_send", "-t", "host"]), &prog).unwrap();
+        assert!(cfg.new_send && cfg.timestamps && cfg.flags.is_empty());
+        assert_eq!(cfg.servername.as_deref(), Some("host"));
+        let cfg = parse_config("x", &args(&["-tN"]), &prog).unwrap();
+        assert!(cfg.new_send && cfg.timestamps);
+        let cfg = parse_config("x", &args(&[]), &prog).unwrap();
+        assert!(!cfg.new_send && !cfg.timestamps);
     }
 
     #[test]
