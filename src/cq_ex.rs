@@ -951,6 +951,11 @@ impl<F: FieldSet> PolledWc<'_, F> {
 
     /// The rkey a send with invalidate invalidated, when the flags have
     /// `WITH_INV` (`ibv_wc_read_invalidated_rkey`).
+    ///
+    /// rxe marks the invalidation with another bit (see
+    /// [`WorkCompletion::invalidated_rkey`](crate::WorkCompletion::invalidated_rkey)):
+    /// [`QueuePair::invalidated_rkey`](crate::QueuePair::invalidated_rkey)
+    /// reads both.
     #[doc(alias = "ibv_wc_read_invalidated_rkey")]
     #[inline]
     pub fn invalidated_rkey(&self) -> Option<u32>
@@ -960,8 +965,17 @@ impl<F: FieldSet> PolledWc<'_, F> {
         if !self.flags().contains(WcFlags::WITH_INV) {
             return None;
         }
+        Some(self.ex_data())
+    }
+
+    /// The raw `imm_data`/`invalidate_rkey` word, whatever the flags say.
+    #[inline]
+    fn ex_data(&self) -> u32
+    where
+        F: WithImm,
+    {
         // SAFETY: as in `imm_data` (the C reads through read_imm_data).
-        Some(unsafe { sys::ibv_wc_read_invalidated_rkey(self.raw()) })
+        unsafe { sys::ibv_wc_read_invalidated_rkey(self.raw()) }
     }
 
     /// The local QP number (`ibv_wc_read_qp_num`).
@@ -1083,6 +1097,23 @@ impl<F: FieldSet> Completion for PolledWc<'_, F> {
         // the same bit `WithQpNum` stands for) and `build` checked the
         // provider set read_qp_num.
         Some(unsafe { sys::ibv_wc_read_qp_num(self.raw()) })
+    }
+
+    #[inline]
+    fn succeeded(&self) -> bool {
+        self.is_success()
+    }
+
+    #[inline]
+    fn inv_parts(&self) -> Option<(Result<WcOpcode, u32>, WcFlags, u32)> {
+        if !has::<F>(wcf::IBV_WC_EX_WITH_IMM) {
+            return None;
+        }
+        // SAFETY: as in `imm_data`: the set has imm (checked just above,
+        // the bit `WithImm` stands for) and `build` checked the provider
+        // set read_imm_data.
+        let word = unsafe { sys::ibv_wc_read_invalidated_rkey(self.raw()) };
+        Some((self.opcode(), self.flags(), word))
     }
 }
 

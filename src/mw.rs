@@ -42,6 +42,30 @@
 //! is bound again, invalidated locally or deallocated (holding longer is
 //! always safe).
 //!
+//! # State, and rxe
+//!
+//! The crate tracks what it knows of each window: free, binding (a bind
+//! posted, its completion not reclaimed yet), bound (the bind's completion,
+//! or a later one of its send queue, reclaimed with success), invalidating,
+//! or unknown (a bind or invalidation handed back by a RESET or the QP's
+//! destruction, which may or may not have run). [`reclaim`](QueuePair::reclaim)
+//! moves it along, and a reclaimed receive that reports a peer's
+//! invalidation ([`QueuePair::invalidated_rkey`]) frees the window of the
+//! QP's PD with that rkey. A type 2 bind needs a free (or unknown) window,
+//! as the verbs require; a local invalidation needs a *bound* one, because
+//! rxe on Linux 6.1 dereferences the NULL QP and region of a free window
+//! when asked to invalidate it (`rxe_do_invalidate_mw`) and the machine
+//! goes down. A peer's `SEND_WITH_INV` racing a local invalidation of the
+//! same window is such a case that no check here can rule out; the same
+//! kernel crashes on a `SEND_WITH_INV` naming a free window of its own, so
+//! a program should only send it for windows the peer bound and announced.
+//!
+//! rxe's bound type 2 window also holds a reference on the QP that bound
+//! it: destroying that QP while the window is allocated waits for the
+//! kernel's pool timeout (measured: 50 s a QP, Linux 6.1). Deallocate (or
+//! invalidate) windows before dropping their QP; a bind whose completion
+//! was not reclaimed keeps its window allocated until the QP is gone.
+//!
 //! Because a region with `MW_BIND` can be written by peers through a
 //! window, it is never split into [`Chunk`](crate::Chunk)s (slices):
 //! [`MemoryRegion::into_chunks`] refuses it, as it refuses regions with
@@ -81,31 +105,126 @@ c_enum! {
     }
 }
 
-/// What a window keeps alive: its PD, the region of its latest bind, and
-/// the rkey of that bind.
+/// What the crate knows of a window's state on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MwState {
+    /// Never bound, or its invalidation's completion was reclaimed.
+    Free,
+    /// A bind was posted; its completion has not been reclaimed.
+    Binding,
+    /// A bind's completion (or a later one) was reclaimed with success.
+    Bound,
+    /// A local invalidation was posted; its completion has not been reclaimed.
+    Invalidating,
+    /// A bind or invalidation was handed back by a RESET or the QP's
+    /// destruction: it may or may not have run.
+    Unknown,
+}
+
+/// The window's bookkeeping, under one lock.
+struct Slot {
+    state: MwState,
+    /// The region of the latest bind (held while the window may reach it).
+    bound: Option<Arc<MrInner>>,
+    /// Regions the window may still reach after a request of unknown fate
+    /// (held until the window is deallocated).
+    stale: Vec<Arc<MrInner>>,
+}
+
+/// What a window keeps alive: its PD, the regions it may reach, and the
+/// rkey of its latest bind.
 pub(crate) struct MwKeep {
     pd: ProtectionDomain,
-    bound: Mutex<Option<Arc<MrInner>>>,
+    slot: Mutex<Slot>,
     rkey: AtomicU32,
 }
 
 pub(crate) type MwInner = Owned<sys::ibv_mw, MwKeep>;
 
+fn slot(mw: &MwInner) -> std::sync::MutexGuard<'_, Slot> {
+    mw.keep()
+        .slot
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+impl MwState {
+    fn describe(self) -> &'static str {
+        match self {
+            MwState::Free => "it is free",
+            MwState::Binding => "its bind's completion has not been reclaimed",
+            MwState::Bound => "bound",
+            MwState::Invalidating => "an invalidation of it is in flight",
+            MwState::Unknown => "a bind or invalidation of it was cut short by a RESET",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MwOp {
+    Bind,
+    Invalidate,
+}
+
 /// What a bind or invalidation request holds until the device is done with
-/// it: its window, and the region (and rkey) the window had before.
+/// it: its window, and what the window had before (region, state, rkey),
+/// to put back if the request did not run.
 pub(crate) struct MwLoan {
     mw: Arc<MwInner>,
+    op: MwOp,
     old: Option<Arc<MrInner>>,
+    old_state: MwState,
     old_rkey: u32,
+    settled: bool,
 }
 
 impl MwLoan {
-    /// Undoes the request's effect on the window's bookkeeping (the
-    /// request never reached the device: an aborted batch, no room).
-    pub(crate) fn restore(self) {
-        let keep = self.mw.keep();
-        *keep.bound.lock().unwrap_or_else(PoisonError::into_inner) = self.old;
-        keep.rkey.store(self.old_rkey, Ordering::Relaxed);
+    /// Puts the window back as it was: the request did not run.
+    fn undo(&mut self) {
+        self.settled = true;
+        let mut s = slot(&self.mw);
+        s.state = self.old_state;
+        let newer = std::mem::replace(&mut s.bound, self.old.take());
+        // A bind's region: the window never reached it.
+        drop(newer);
+        self.mw.keep().rkey.store(self.old_rkey, Ordering::Relaxed);
+    }
+
+    /// The request never reached the device (an aborted batch, no room).
+    pub(crate) fn restore(mut self) {
+        self.undo();
+    }
+
+    /// The request's completion (or a later one) was reclaimed: it ran
+    /// (`ran`), or it failed or was flushed and did not.
+    pub(crate) fn settle(&mut self, ran: bool) {
+        if !ran {
+            self.undo();
+            return;
+        }
+        self.settled = true;
+        let mut s = slot(&self.mw);
+        s.state = match self.op {
+            MwOp::Bind => MwState::Bound,
+            MwOp::Invalidate => MwState::Free,
+        };
+        // The region the window had before is let go with the loan.
+    }
+}
+
+impl Drop for MwLoan {
+    /// Handed back by a RESET or the QP's destruction: the request may or
+    /// may not have run. The window keeps every region it may reach, and
+    /// is not invalidated again (a free window invalidated crashes rxe).
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut s = slot(&self.mw);
+        s.state = MwState::Unknown;
+        if let Some(old) = self.old.take() {
+            s.stale.push(old);
+        }
     }
 }
 
@@ -178,15 +297,17 @@ impl MemoryWindow {
         let rkey = unsafe { (*raw.as_ptr()).rkey };
         let keep = MwKeep {
             pd: pd.clone(),
-            bound: Mutex::new(None),
+            slot: Mutex::new(Slot {
+                state: MwState::Free,
+                bound: None,
+                stale: Vec::new(),
+            }),
             rkey: AtomicU32::new(rkey),
         };
         // SAFETY: a fresh window owned by nobody else; it keeps its PD alive.
-        let inner = unsafe { Owned::new(raw, keep) };
-        Ok(MemoryWindow {
-            inner: Arc::new(inner),
-            ty,
-        })
+        let inner = Arc::new(unsafe { Owned::new(raw, keep) });
+        pd.add_window(&inner);
+        Ok(MemoryWindow { inner, ty })
     }
 
     #[inline]
@@ -216,39 +337,54 @@ impl MemoryWindow {
         &self.inner.keep().pd
     }
 
-    /// Whether the window holds a region: bound by the latest bind posted,
-    /// and not invalidated locally since.
+    /// Whether the window is bound as far as the crate knows: a bind's
+    /// completion was reclaimed with success, and no invalidation (local,
+    /// or a peer's seen in a reclaimed receive) since.
     pub fn is_bound(&self) -> bool {
-        self.bound().is_some()
+        slot(&self.inner).state == MwState::Bound
     }
 
-    fn bound(&self) -> std::sync::MutexGuard<'_, Option<Arc<MrInner>>> {
-        self.inner
-            .keep()
-            .bound
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// Whether the window holds a region (from its latest bind, which may
+    /// still be in flight).
+    pub fn holds_region(&self) -> bool {
+        slot(&self.inner).bound.is_some()
+    }
+
+    fn state(&self) -> MwState {
+        slot(&self.inner).state
     }
 
     /// Records a bind to `mr` with `rkey` (posted now) and returns what the
     /// request must hold until the device is done with it.
     fn lend_bind(&mut self, mr: &MemoryRegion, rkey: u32) -> MwLoan {
-        let old = self.bound().replace(Arc::clone(mr.inner()));
+        let mut s = slot(&self.inner);
+        let old = s.bound.replace(Arc::clone(mr.inner()));
+        let old_state = std::mem::replace(&mut s.state, MwState::Binding);
+        drop(s);
         let old_rkey = self.inner.keep().rkey.swap(rkey, Ordering::Relaxed);
         MwLoan {
             mw: Arc::clone(&self.inner),
+            op: MwOp::Bind,
             old,
+            old_state,
             old_rkey,
+            settled: false,
         }
     }
 
     /// Records a local invalidation (posted now).
     fn lend_invalidate(&mut self) -> MwLoan {
-        let old = self.bound().take();
+        let mut s = slot(&self.inner);
+        let old = s.bound.take();
+        let old_state = std::mem::replace(&mut s.state, MwState::Invalidating);
+        drop(s);
         MwLoan {
             mw: Arc::clone(&self.inner),
+            op: MwOp::Invalidate,
             old,
+            old_state,
             old_rkey: self.rkey(),
+            settled: false,
         }
     }
 
@@ -269,7 +405,7 @@ impl fmt::Debug for MemoryWindow {
         f.debug_struct("MemoryWindow")
             .field("type", &self.ty)
             .field("rkey", &format_args!("{:#x}", self.rkey()))
-            .field("bound", &self.is_bound())
+            .field("state", &self.state())
             .finish()
     }
 }
@@ -359,6 +495,18 @@ pub(crate) fn check_bind(
     b: &MwBind<'_>,
 ) -> Result<()> {
     check_qp(verb, qp, mw)?;
+    if mw.ty == MwType::Type2 && !matches!(mw.state(), MwState::Free | MwState::Unknown) {
+        return Err(Error::invalid(
+            verb,
+            format!(
+                "a type 2 window is bound only when free, and {}: invalidate it first",
+                match mw.state() {
+                    MwState::Bound => "it is bound",
+                    other => other.describe(),
+                }
+            ),
+        ));
+    }
     let mr = b.mr;
     if !mr.access().contains(AccessFlags::MW_BIND) {
         return Err(Error::invalid(
@@ -581,16 +729,37 @@ impl QueuePair {
     /// which user space calls `IBV_WC_IP_CSUM_OK`, a flag that has no
     /// meaning on the RC and UC receives invalidation happens on). On an
     /// rxe RC or UC QP that bit on a successful receive counts too.
-    pub fn invalidated_rkey(&self, wc: &crate::WorkCompletion) -> Option<u32> {
-        if let Some(rkey) = wc.invalidated_rkey() {
-            return Some(rkey);
+    ///
+    /// Takes a [`WorkCompletion`](crate::WorkCompletion) or the
+    /// [`PolledWc`](crate::PolledWc) of an extended CQ created with
+    /// [`imm`](crate::CqExBuilder::imm) (without it: `None`).
+    pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
+        let (opcode, flags, word) = wc.inv_parts()?;
+        if flags.contains(crate::WcFlags::WITH_INV) {
+            return Some(word);
         }
-        let rxe_inv = wc.is_success()
-            && wc.opcode() == Ok(crate::WcOpcode::Recv)
-            && wc.flags().contains(crate::WcFlags::IP_CSUM_OK)
+        let rxe_inv = wc.succeeded()
+            && opcode == Ok(crate::WcOpcode::Recv)
+            && flags.contains(crate::WcFlags::IP_CSUM_OK)
             && matches!(self.qp_type(), QpType::Rc | QpType::Uc)
             && self.pd().context().is_rxe();
-        rxe_inv.then(|| wc.ex_data())
+        rxe_inv.then_some(word)
+    }
+}
+
+/// A peer's SEND_WITH_INV invalidated `rkey` (seen in a receive reclaimed
+/// on a QP of `pd`): the window of `pd` with that rkey, if bound, is free,
+/// and lets go of its region.
+pub(crate) fn invalidated_by_peer(pd: &ProtectionDomain, rkey: u32) {
+    let windows: Vec<Arc<MwInner>> = pd.windows().iter().filter_map(|w| w.upgrade()).collect();
+    for mw in windows {
+        if mw.keep().rkey.load(Ordering::Relaxed) == rkey {
+            let mut s = slot(&mw);
+            if s.state == MwState::Bound {
+                s.state = MwState::Free;
+                s.bound = None;
+            }
+        }
     }
 }
 
@@ -603,10 +772,22 @@ pub(crate) fn check_invalidate(
     if mw.ty != MwType::Type2 {
         return Err(Error::invalid(
             verb,
-            "only type 2 windows are invalidated; a type 1 window is unbound by ibv_bind_mw",
+            "only type 2 windows are invalidated (a type 1 window is rebound, or deallocated)",
         ));
     }
-    check_qp(verb, qp, mw)
+    check_qp(verb, qp, mw)?;
+    match mw.state() {
+        MwState::Bound => Ok(()),
+        state => Err(Error::invalid(
+            verb,
+            format!(
+                "the window is not known to be bound ({}): invalidating a free window crashes \
+                 rxe's kernel (Linux 6.1), so only a window whose bind completion was \
+                 reclaimed is invalidated",
+                state.describe()
+            ),
+        )),
+    }
 }
 
 /// Puts the window's current rkey where the provider reads it (`mw->rkey`)

@@ -114,10 +114,10 @@ impl Objects {
     }
 }
 
-/// The extended objects: a PD, a region with a type 2 window bound to it
-/// (the bind still outstanding: its completion is never polled), an
-/// extended CQ and two connected extended QPs, dropped in each of the 120
-/// orders of those five handles, then the context.
+/// The extended objects: a PD, a region with a type 2 window (bound to it
+/// in the 60 orders that drop the window before the QPs), an extended CQ
+/// and two connected extended QPs, dropped in each of the 120 orders of
+/// those five handles, then the context.
 fn extended_objects_every_drop_order(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::qp::SendOpsFlags;
     use rdma_verbs::{MwBind, MwType};
@@ -135,10 +135,31 @@ fn extended_objects_every_drop_order(env: &Env) -> Result<(), Failed> {
         let (mut a, mut b) = (pd.create_qp(&attr)?, pd.create_qp(&attr)?);
         common::connect(env, &mut a, &mut b, AccessFlags::REMOTE_READ)?;
         let mut mw = pd.alloc_mw(MwType::Type2)?;
-        a.bind_mw(
-            &mut mw,
-            &MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ),
-        )?;
+        // rxe's bound type 2 window holds a reference on its QP, and
+        // destroying that QP while the window lives waits for the kernel's
+        // pool timeout (measured: 50 s a QP on Linux 6.1). So the window is
+        // bound only in the orders that drop it before the QPs, and its
+        // bind's completion is reclaimed first (until then the QP's ledger
+        // holds the window, which would make every such order wait).
+        let pos = |x: usize| order.iter().position(|&i| i == x);
+        let mut cq = cq;
+        if pos(4) < pos(3) {
+            a.bind_mw(
+                &mut mw,
+                &MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ),
+            )?;
+            let start = std::time::Instant::now();
+            let mut ended = 0;
+            while ended == 0 {
+                ensure!(start.elapsed() < common::deadline(), "no bind completion");
+                if let Some(mut poll) = cq.start_poll()? {
+                    while let Some(wc) = poll.next()? {
+                        ensure!(wc.is_success(), "bind: {wc:?}");
+                        ended += a.reclaim(&wc, drop);
+                    }
+                }
+            }
+        }
         let live = counts(dev)?;
         ensure!(delta(&base, &live, "qp") == 2, "{live:?}");
         let (mut pd, mut mr, mut cq, mut qps, mut mw) =

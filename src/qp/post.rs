@@ -136,6 +136,14 @@ pub trait Completion: sealed::Sealed {
     /// suffices, as a tag names one request of one queue).
     #[doc(hidden)]
     fn local_qp_num(&self) -> Option<u32>;
+    /// Whether the status is success.
+    #[doc(hidden)]
+    fn succeeded(&self) -> bool;
+    /// For a completion that carries the immediate/invalidated-rkey word:
+    /// its opcode, flags and that word (what telling an invalidation
+    /// needs); `None` when the completion does not carry it.
+    #[doc(hidden)]
+    fn inv_parts(&self) -> Option<(Result<crate::WcOpcode, u32>, crate::WcFlags, u32)>;
 }
 
 pub(crate) mod sealed {
@@ -153,6 +161,14 @@ impl Completion for WorkCompletion {
     #[inline]
     fn local_qp_num(&self) -> Option<u32> {
         Some(self.qp_num())
+    }
+    #[inline]
+    fn succeeded(&self) -> bool {
+        self.is_success()
+    }
+    #[inline]
+    fn inv_parts(&self) -> Option<(Result<crate::WcOpcode, u32>, crate::WcFlags, u32)> {
+        Some((self.opcode(), self.flags(), self.ex_data()))
     }
 }
 
@@ -1146,11 +1162,19 @@ impl QueuePair {
             return 0;
         }
         let tag = wc.tag();
-        match Kind::of(tag) {
-            Some(Kind::Send) => self
-                .pending_mut()
-                .send
-                .complete(tag, |r| on(r.wr_id, r.own, r.payload.0)),
+        let n = match Kind::of(tag) {
+            Some(Kind::Send) => {
+                let ok = wc.succeeded();
+                self.pending_mut().send.complete(tag, |mut r| {
+                    // A window bind or invalidation ran if its completion
+                    // (or a later one: send queues stop at an error)
+                    // succeeded; the window's state follows.
+                    if let Some(loan) = r.payload.2.as_mut() {
+                        loan.settle(ok || !r.own);
+                    }
+                    on(r.wr_id, r.own, r.payload.0)
+                })
+            }
             Some(Kind::Recv) => self
                 .pending_mut()
                 .recv
@@ -1159,7 +1183,13 @@ impl QueuePair {
                 srq.reclaim_tag(tag, |c| on(c.wr_id, c.signaled, c.chunks))
             }),
             None => 0,
+        };
+        if n > 0 && matches!(Kind::of(tag), Some(Kind::Recv | Kind::Srq)) {
+            if let Some(rkey) = self.invalidated_rkey(wc) {
+                crate::mw::invalidated_by_peer(self.pd(), rkey);
+            }
         }
+        n
     }
 
     /// Hands back the requests that completion `wc` ends, as

@@ -19,7 +19,15 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "mw::send_with_invalidate_revokes_the_window",
         remote_invalidate,
     ),
+    (
+        "mw::send_with_invalidate_seen_through_an_extended_cq",
+        remote_invalidate_ex_cq,
+    ),
     ("mw::type1_bind_and_access", type1),
+    (
+        "mw::a_reset_leaves_the_window_state_unknown",
+        reset_leaves_state_unknown,
+    ),
     ("mw::rules_are_checked_before_any_call", rules),
     ("mw::a_bound_window_keeps_its_region", keeps_region),
     ("mw::abort_undoes_a_bind", abort_undoes),
@@ -114,7 +122,10 @@ fn type2_posted(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 8192)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
-    ensure!(!mw.is_bound(), "a new window is bound");
+    ensure!(
+        !mw.is_bound() && !mw.holds_region(),
+        "a new window is bound"
+    );
     let before = mw.rkey();
     let bind = MwBind::new(
         &mr,
@@ -125,7 +136,7 @@ fn type2_posted(env: &Env) -> Result<(), Failed> {
     .wr_id(7);
     let rkey = p.a.bind_mw(&mut mw, &bind)?;
     ensure!(
-        rkey != before && mw.rkey() == rkey && mw.is_bound(),
+        rkey != before && mw.rkey() == rkey && mw.holds_region() && !mw.is_bound(),
         "rkey {before:#x} -> {rkey:#x}"
     );
     let (wc, id, chunks) = one(&mut p)?;
@@ -138,6 +149,13 @@ fn type2_posted(env: &Env) -> Result<(), Failed> {
         "bind ended {id} with {} chunks",
         chunks.len()
     );
+    ensure!(mw.is_bound(), "not bound after its bind's completion");
+    // A bound type 2 window is not bound again before it is invalidated.
+    let e =
+        p.a.bind_mw(&mut mw, &bind)
+            .err()
+            .ok_or("a bound window bound again")?;
+    ensure!(e.error.to_string().contains("only when free"), "{e}");
 
     let addr = bind.remote_addr();
     ensure!(addr == mr.addr() + 1024, "remote address {addr:#x}");
@@ -155,10 +173,25 @@ fn type2_posted(env: &Env) -> Result<(), Failed> {
 
     p.a.invalidate_mw(8, &mut mw)?;
     ensure!(!mw.is_bound(), "still bound after invalidation was posted");
+    let e =
+        p.a.invalidate_mw(9, &mut mw)
+            .err()
+            .ok_or("invalidated twice")?;
+    ensure!(e.error.to_string().contains("in flight"), "{e}");
     let (wc, id, _) = one(&mut p)?;
     ensure!(
         wc.is_success() && wc.opcode() == Ok(WcOpcode::LocalInv) && id == 8,
         "invalidate: {wc:?} {id}"
+    );
+    // A free window is not invalidated (that crashes rxe's kernel).
+    let e =
+        p.a.invalidate_mw(10, &mut mw)
+            .err()
+            .ok_or("a free window invalidated")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
+    ensure!(
+        p.a.outstanding_sends() == 0,
+        "a refused invalidation was posted"
     );
     let (st, _) = peer_read(&mut p, addr, rkey, 16)?;
     expect_refused(st, "read after local invalidation")
@@ -240,13 +273,50 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
         p.a.invalidated_rkey(recv),
         recv.flags(),
     );
+    ensure!(mw.is_bound(), "bound before the receive is reclaimed");
     for wc in &wcs {
         for qp in [&mut p.a, &mut p.b] {
             qp.reclaim(wc, drop);
         }
     }
+    // Reclaiming the receive told the window: it is free, and a local
+    // invalidation (which would crash rxe on a free window) is refused.
+    ensure!(
+        !mw.is_bound() && !mw.holds_region(),
+        "still bound after SEND_WITH_INV"
+    );
+    let e =
+        p.a.invalidate_mw(4, &mut mw)
+            .err()
+            .ok_or("a window freed by the peer invalidated")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
     let (st, _) = peer_read(&mut p, bind.remote_addr(), rkey, 8)?;
     expect_refused(st, "read after SEND_WITH_INV")
+}
+
+/// A bind handed back by a RESET may or may not have run: the window's
+/// state is unknown, so it is not invalidated (it might be free), keeps its
+/// region, and is deallocated cleanly.
+fn reset_leaves_state_unknown(env: &Env) -> Result<(), Failed> {
+    let mut p = mw_pair(env)?;
+    let mr = window_region(&p.pd, 4096)?;
+    let mut mw = p.pd.alloc_mw(MwType::Type2)?;
+    p.a.bind_mw(
+        &mut mw,
+        &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ).wr_id(1),
+    )?;
+    let back = p.a.reset()?;
+    ensure!(back.len() == 1 && back[0].wr_id == 1, "{back:?}");
+    ensure!(!mw.is_bound() && mw.holds_region(), "{mw:?}");
+    ensure!(format!("{mw:?}").contains("Unknown"), "{mw:?}");
+    let e =
+        p.b.invalidate_mw(2, &mut mw)
+            .err()
+            .ok_or("an unknown window invalidated")?;
+    ensure!(e.error.to_string().contains("RESET"), "{e}");
+    drop(mr); // the window holds it
+    mw.close()?;
+    Ok(())
 }
 
 fn type1(env: &Env) -> Result<(), Failed> {
@@ -405,6 +475,12 @@ fn rules(env: &Env) -> Result<(), Failed> {
         .ok_or("local_inv without LOCAL_INV")?;
     ensure!(e.error.to_string().contains("LOCAL_INV"), "{e}");
     drop(batch);
+    // A window never bound is not invalidated.
+    let e =
+        p.a.invalidate_mw(1, &mut mw)
+            .err()
+            .ok_or("a new window invalidated")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
     // Nothing reached a device or changed the window.
     ensure!(
         mw.rkey() == rkey && !mw.is_bound(),
@@ -455,14 +531,14 @@ fn abort_undoes(env: &Env) -> Result<(), Failed> {
     let rkey = mw.rkey();
     let mut batch = p.a.start_batch()?;
     let new = batch.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ))?;
-    ensure!(mw.rkey() == new && mw.is_bound(), "bind not recorded");
+    ensure!(mw.rkey() == new && mw.holds_region(), "bind not recorded");
     let back = batch.abort();
     ensure!(back.len() == 1 && back[0].wr_id == 0, "{back:?}");
     ensure!(
-        mw.rkey() == rkey && !mw.is_bound(),
-        "abort left rkey {:#x}, bound {}",
+        mw.rkey() == rkey && !mw.holds_region() && !mw.is_bound(),
+        "abort left rkey {:#x}, region {}",
         mw.rkey(),
-        mw.is_bound()
+        mw.holds_region()
     );
     ensure!(p.a.outstanding_sends() == 0, "requests left");
     // The window binds normally afterwards, with the rkey after the old one.
@@ -478,5 +554,43 @@ fn abort_undoes(env: &Env) -> Result<(), Failed> {
         peer_read(&mut p, mr.addr(), again, 8)?.0 == WcStatus::Success,
         "read"
     );
+    Ok(())
+}
+
+/// The same revocation, the receive read from an extended CQ.
+fn remote_invalidate_ex_cq(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let mut cq = env.ctx.create_cq_ex(64).imm().qp_num().build()?;
+    let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq())
+        .send_ops(SendOpsFlags::for_transport(QpType::Rc));
+    let (mut a, mut b) = (pd.create_qp(&attr)?, pd.create_qp(&attr)?);
+    connect(env, &mut a, &mut b, AccessFlags::REMOTE_READ)?;
+    let mr = window_region(&pd, 4096)?;
+    let mut mw = pd.alloc_mw(MwType::Type2)?;
+    let rkey = a.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ))?;
+    a.post_recv([RecvWr::new(2).sge(pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?.remove(0))])?;
+    b.post_send([SendWr::new(3, SendOp::SendWithInv(rkey)).inline(b"")])?;
+    // Three completions: the bind, the send, the receive.
+    let (mut seen, mut inv) = (0, None);
+    let start = std::time::Instant::now();
+    while seen < 3 {
+        ensure!(
+            start.elapsed() < crate::common::deadline(),
+            "{seen} of 3 completions"
+        );
+        let Some(mut poll) = cq.start_poll()? else {
+            continue;
+        };
+        while let Some(wc) = poll.next()? {
+            seen += 1;
+            ensure!(wc.is_success(), "{wc:?}");
+            if wc.qp_num() == a.qp_num() && wc.opcode() == Ok(WcOpcode::Recv) {
+                inv = a.invalidated_rkey(&wc);
+            }
+            let ended = a.reclaim(&wc, drop) + b.reclaim(&wc, drop);
+            ensure!(ended == 1, "{wc:?} ended {ended}");
+        }
+    }
+    ensure!(inv == Some(rkey), "invalidated {inv:?}, rkey {rkey:#x}");
     Ok(())
 }
