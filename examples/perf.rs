@@ -89,8 +89,9 @@
 //! on rxe: 0 on the raw path; 1 or 2 per QP on the safe path, whatever the
 //! iteration count: the crate grows its scratch vectors for chains at a
 //! QP's first `post_send` (and its first `post_recv`) rather than when the
-//! QP is created; the `--ex` path's batch needs no scratch (its room is
-//! allocated with the QP), so only the first `post_recv`'s remains.
+//! QP is created. 0 on the `--ex` path: a batch needs no scratch (its
+//! room is allocated with the QP), and the first `post_recv` comes before
+//! the timed part.
 //!
 //! Every wait has a deadline scaled by `RDMA_VERBS_TIME_SCALE`.
 //!
