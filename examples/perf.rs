@@ -1,6 +1,7 @@
 //! A perftest-shaped benchmark (`ib_send_lat`, `ib_write_bw`, ...) over RC
 //! queue pairs, on the crate's safe data path or, with `--raw`, on its raw
-//! one, so that the cost of safety is one flag away.
+//! one, so that the cost of safety is one flag away; with `--ex`, the safe
+//! path's requests go through an extended QP's `ibv_wr_*` batch.
 //!
 //! ```text
 //! perf TEST [OPTIONS]          start a server and wait for a connection
@@ -26,6 +27,8 @@
 //!   -A, --atomic_type=TYPE    CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
 //!   -r, --rx-depth=N          receives kept posted (send tests, default 512, at most iters)
 //!       --raw                 the raw path (sys structs, post_send_raw/post_recv_raw)
+//!       --ex                  the safe path through an extended QP's batch
+//!                             (start_batch, post, complete; -l requests per batch)
 //!   -F, --CPU-freq            accepted and ignored
 //! ```
 //!
@@ -49,22 +52,30 @@
 //!   The server is passive, except in send_bw, where it counts receives.
 //!
 //! After its table the client prints one line per size,
-//! `perf-result: test=T path=safe|raw size=S iters=N ops=O polls=P
+//! `perf-result: test=T path=safe|raw|ex size=S iters=N ops=O polls=P
 //! empty_polls=E usec=U`: O is the operations completed (iterations times
 //! QPs), P the `ibv_poll_cq` calls of the timed part and E those that
 //! found nothing, U the timed part in microseconds. The timed loops are
 //! functions of their own (`timed_client_lat`, `timed_client_bw`, ...), so
 //! `valgrind --tool=callgrind --toggle-collect='*timed_*'` counts them alone.
 //!
-//! # The two paths
+//! # The three paths
 //!
-//! Both run the same loops (`perf/run.rs`, generic over `perf/path.rs`'s
+//! All run the same loops (`perf/run.rs`, generic over `perf/path.rs`'s
 //! `DataPath`). The safe path (`perf/safe.rs`, no `unsafe`) posts
 //! `SendWr`/`RecvWr` and gets owned `Chunk`s back with `reclaim_chunks`
 //! (one call per completion, however many unsignalled requests it ends);
 //! sends and writes (but write_lat's) name one read-only `SharedChunk`;
 //! the raw path (`perf/raw.rs`) builds `sys::ibv_send_wr`/`ibv_recv_wr`
 //! chains once per size and posts them with `post_send_raw`/`post_recv_raw`.
+//! The `--ex` path (`perf/ex.rs`) is the safe path with one difference:
+//! its QPs (both ends') are created with `QpInitAttr::send_ops` naming
+//! the test's one operation (`ibv_create_qp_ex`), and each post call is
+//! one batch: `qp.start_batch()`, `batch.post(SendWr ...)` per request,
+//! `batch.complete()` (`ibv_wr_start`, `ibv_wr_send`/`_rdma_write`/...,
+//! `ibv_wr_complete`); the same `SendWr`s, buffers and `reclaim_chunks`.
+//! Receives are posted with `post_recv` as on the safe path. Either end
+//! may run any path: the wire is the same.
 //! Reads, atomics and receives get a buffer per outstanding request
 //! (the raw path gives every request its own), so memory is capped at
 //! 128 MiB per QP for sends and for receives (fewer buffers for very large
@@ -78,7 +89,9 @@
 //! on rxe: 0 on the raw path; 1 or 2 per QP on the safe path, whatever the
 //! iteration count: the crate grows its scratch vectors for chains at a
 //! QP's first `post_send` (and its first `post_recv`) rather than when the
-//! QP is created.
+//! QP is created. 0 on the `--ex` path: a batch needs no scratch (its
+//! room is allocated with the QP), and the first `post_recv` comes before
+//! the timed part.
 //!
 //! Every wait has a deadline scaled by `RDMA_VERBS_TIME_SCALE`.
 //!
@@ -95,6 +108,8 @@ mod time;
 #[path = "perf/allocs.rs"]
 #[allow(unsafe_code)]
 mod allocs;
+#[path = "perf/ex.rs"]
+mod ex;
 #[path = "perf/opts.rs"]
 mod opts;
 #[path = "perf/path.rs"]
@@ -115,7 +130,7 @@ mod wait;
 
 use std::process::ExitCode;
 
-use opts::{Opts, Test};
+use opts::{Opts, PathKind, Test};
 use path::{DataPath, Plan};
 use pingpong::Res;
 use run::Runner;
@@ -164,10 +179,15 @@ fn session(o: &Opts) -> Res<()> {
     };
     report::header(o, &conn);
     let max_inline = conn.max_inline;
-    let res = if o.raw {
-        sizes(o, &mut ctrl, raw::RawPath::new(conn), max_inline)
-    } else {
-        sizes(o, &mut ctrl, safe::SafePath::new(conn), max_inline)
+    let res = match o.path {
+        PathKind::Raw => sizes(o, &mut ctrl, raw::RawPath::new(conn), max_inline),
+        PathKind::Safe => sizes(
+            o,
+            &mut ctrl,
+            safe::SafePath::<safe::Basic>::new(conn),
+            max_inline,
+        ),
+        PathKind::Ex => sizes(o, &mut ctrl, ex::ExPath::new(conn), max_inline),
     };
     if let Err(e) = &res {
         let _ = ctrl.send(&format!("ERR {e}"));

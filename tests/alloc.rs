@@ -3,7 +3,9 @@
 //! A counting global allocator counts the allocations made by the test's
 //! own thread; after a warm-up (which sizes the QP's scratch space), a
 //! thousand ping-pong rounds of post_recv + post_send + poll + reclaim, and
-//! a thousand chains of four sends, must make none.
+//! a thousand chains of four sends, must make none. The same holds for an
+//! extended QP's batch (start_batch, post, complete) in place of post_send;
+//! an aborted batch makes exactly one: the `Vec` that `abort` returns.
 
 #[path = "common/mod.rs"]
 #[macro_use]
@@ -16,7 +18,7 @@ use std::time::Instant;
 use libtest_mimic::Failed;
 use rdma_verbs::qp::{
     AckTimeout, AddressVector, ConnectOptions, GlobalRoute, InitToRtr, MinRnrTimer, Psn, Qp, QpNum,
-    Rc, RecvWr, ResetToInit, RetryCount, RnrRetry, RtrToRts, SendOp, SendWr,
+    Rc, RecvWr, ResetToInit, RetryCount, RnrRetry, RtrToRts, SendOp, SendOpsFlags, SendWr,
 };
 use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpInitAttr, QpType, WorkCompletion};
 
@@ -67,6 +69,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "alloc::a_successful_modify_allocates_nothing",
         modify_success_path,
+    ),
+    (
+        "alloc::steady_state_batches_allocate_nothing",
+        steady_state_batches,
     ),
 ];
 
@@ -263,6 +269,208 @@ fn modify_success_path(env: &Env) -> Result<(), Failed> {
     ensure!(
         counted.iter().all(|&n| n == 0),
         "a successful modify allocated: {counted:?}"
+    );
+    Ok(())
+}
+
+/// The sender (extended), the receiver (basic), their CQ, and fixed homes
+/// for the chunks between rounds (no Vec pushes).
+struct BatchRig {
+    a: rdma_verbs::QueuePair,
+    b: rdma_verbs::QueuePair,
+    cq: rdma_verbs::CompletionQueue,
+    send: [Option<Chunk>; 16],
+    recv: [Option<Chunk>; 16],
+    wcs: [WorkCompletion; 8],
+    deadline: std::time::Duration,
+}
+
+fn put(home: &mut [Option<Chunk>], c: Chunk) {
+    if let Some(slot) = home.iter_mut().find(|s| s.is_none()) {
+        *slot = Some(c);
+    }
+}
+
+fn take(home: &mut [Option<Chunk>]) -> Chunk {
+    home.iter_mut()
+        .find_map(Option::take)
+        .expect("a free chunk")
+}
+
+impl BatchRig {
+    /// One round: `n` receives on b, one batch of `n` sends on a (the last
+    /// signalled), and every completion polled and reclaimed.
+    fn round(&mut self, n: usize) -> Result<(), Failed> {
+        let Self {
+            a,
+            b,
+            cq,
+            send,
+            recv,
+            wcs,
+            deadline,
+        } = self;
+        let mut r = 0..n;
+        b.post_recv(std::iter::from_fn(|| {
+            r.next().map(|_| RecvWr::new(1).sge(take(recv)))
+        }))?;
+        let mut batch = a.start_batch()?;
+        for i in 0..n {
+            let wr = SendWr::new(2, SendOp::Send).sge_len(take(send), 64);
+            batch.post(if i + 1 == n { wr } else { wr.unsignaled() })?;
+        }
+        batch.complete()?;
+        let want = 1 + n; // one signalled send completion, `n` receives
+        let mut seen = 0;
+        let start = Instant::now();
+        while seen < want {
+            for wc in cq.poll(wcs)? {
+                if !wc.is_success() {
+                    return Err("a completion failed".into());
+                }
+                seen += 1;
+                if wc.qp_num() == a.qp_num() {
+                    a.reclaim(wc, |d| d.chunks().for_each(|c| put(send, c)));
+                } else {
+                    b.reclaim(wc, |d| d.chunks().for_each(|c| put(recv, c)));
+                }
+            }
+            if start.elapsed() > *deadline {
+                return Err("completions did not arrive".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The extended path (`QpInitAttr::send_ops`, `start_batch`, `post`,
+/// `complete`) in steady state: after a warm-up, a thousand ping-pong
+/// rounds of post_recv + one batch of one send + poll + reclaim, and a
+/// thousand batches of four sends (with their four receives), make no heap
+/// allocation on this thread. An aborted batch of four sends makes exactly
+/// one (the `Vec<Completed>` that `WrBatch::abort` returns, sized to the
+/// batch; its `Completed`s hold their chunks inline), and an aborted empty
+/// batch none (the `Vec` is empty).
+fn steady_state_batches(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    };
+    let mut a = pd.create_qp(
+        &QpInitAttr::new(QpType::Rc, &cq, &cq)
+            .caps(caps)
+            .send_ops(SendOpsFlags::SEND),
+    )?;
+    let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+    ensure!(
+        a.send_ops() == Some(SendOpsFlags::SEND),
+        "the sender is not an extended QP: {:?}",
+        a.send_ops()
+    );
+    let o = ConnectOptions {
+        port: env.port,
+        ..Default::default()
+    };
+    let (ea, eb) = (
+        a.local_endpoint(&o, Psn::new(1)?)?,
+        b.local_endpoint(&o, Psn::new(2)?)?,
+    );
+    a.connect(&o, ea.psn, &eb)?;
+    b.connect(&o, eb.psn, &ea)?;
+    let mut bufs = pd
+        .alloc_chunks(32, 256, AccessFlags::LOCAL_WRITE)?
+        .into_iter();
+    let mut rig = BatchRig {
+        a,
+        b,
+        cq,
+        send: std::array::from_fn(|_| bufs.next()),
+        recv: std::array::from_fn(|_| bufs.next()),
+        wcs: [WorkCompletion::default(); 8],
+        // Read once: reading the environment allocates.
+        deadline: common::deadline(),
+    };
+
+    for _ in 0..20 {
+        rig.round(1)?;
+        rig.round(4)?;
+    }
+    let before = allocations();
+    for _ in 0..1000 {
+        rig.round(1)?;
+    }
+    let single = allocations() - before;
+    let before = allocations();
+    for _ in 0..1000 {
+        rig.round(4)?;
+    }
+    let four = allocations() - before;
+
+    // Aborted batches: four sends posted, then abort; every chunk comes
+    // back at once, in order, unsignalled, and nothing reached the device.
+    let mut aborted = 0;
+    let mut empty = 0;
+    for k in 0..1000 {
+        let before = allocations();
+        let mut batch = rig.a.start_batch()?;
+        for i in 0..4u64 {
+            batch.post(SendWr::new(100 + i, SendOp::Send).sge_len(take(&mut rig.send), 64))?;
+        }
+        let back = batch.abort();
+        let mut ids = [0u64; 4];
+        let mut n = 0;
+        for (i, c) in back.into_iter().enumerate() {
+            ensure!(!c.signaled, "an aborted request came back signalled");
+            if let Some(id) = ids.get_mut(i) {
+                *id = c.wr_id;
+            }
+            n += 1;
+            c.chunks().for_each(|c| put(&mut rig.send, c));
+        }
+        aborted += allocations() - before;
+        ensure!(
+            n == 4 && ids == [100, 101, 102, 103],
+            "round {k}: abort gave back {n} requests, wr_ids {ids:?}"
+        );
+        ensure!(
+            rig.send.iter().all(Option::is_some),
+            "round {k}: a send chunk did not come back from abort"
+        );
+        let before = allocations();
+        rig.a.start_batch()?.abort();
+        empty += allocations() - before;
+    }
+    // Nothing of the aborted batches ran: no completion, and the queue
+    // still works.
+    ensure!(
+        rig.cq.poll(&mut rig.wcs)?.is_empty(),
+        "a completion after aborted batches"
+    );
+    rig.round(4)?;
+
+    eprintln!(
+        "alloc: {single} heap allocations in 1000 single-send batches, {four} in 1000 batches of 4 \
+         (post_recv, start_batch, post, complete, poll, reclaim); {aborted} in 1000 aborted batches \
+         of 4, {empty} in 1000 aborted empty batches"
+    );
+    ensure!(
+        single == 0,
+        "{single} allocations in steady-state batches of one"
+    );
+    ensure!(
+        four == 0,
+        "{four} allocations in steady-state batches of four"
+    );
+    ensure!(
+        aborted == 1000,
+        "{aborted} allocations in 1000 aborted batches of four (expected 1000: one Vec each)"
+    );
+    ensure!(
+        empty == 0,
+        "{empty} allocations in 1000 aborted empty batches"
     );
     Ok(())
 }

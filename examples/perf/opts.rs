@@ -87,6 +87,29 @@ impl Test {
     }
 }
 
+/// Which of the crate's data paths posts the requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// The safe path: `post_send`/`post_recv` with `SendWr`/`RecvWr`.
+    Safe,
+    /// `--raw`: `post_send_raw`/`post_recv_raw` with `sys` structs.
+    Raw,
+    /// `--ex`: the safe path's requests through an extended QP's
+    /// `ibv_wr_*` batch (`start_batch`, `post`, `complete`).
+    Ex,
+}
+
+impl PathKind {
+    /// The name in the header and in `perf-result:` lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Safe => "safe",
+            PathKind::Raw => "raw",
+            PathKind::Ex => "ex",
+        }
+    }
+}
+
 /// `-A`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtomicType {
@@ -115,11 +138,12 @@ pub struct Opts {
     pub events: bool,
     pub atomic: AtomicType,
     pub rx_depth: usize,
-    pub raw: bool,
+    pub path: PathKind,
 }
 
-/// `--raw` has no short form.
+/// `--raw` and `--ex` have no short form.
 const RAW: char = '\0';
+const EX: char = '\u{1}';
 
 const OPTS: &[OptDef] = &[
     opt('d', "ib-dev", true),
@@ -138,6 +162,7 @@ const OPTS: &[OptDef] = &[
     opt('A', "atomic_type", true),
     opt('r', "rx-depth", true),
     opt(RAW, "raw", false),
+    opt(EX, "ex", false),
     opt('F', "CPU-freq", false),
     opt('h', "help", false),
 ];
@@ -166,6 +191,8 @@ Options (both ends must be given the same TEST and options):
   -A, --atomic_type=TYPE    CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
   -r, --rx-depth=N          receives kept posted (send tests, default 512, at most iters)
       --raw                 the raw path: sys structs, post_send_raw/post_recv_raw
+      --ex                  the safe path's requests through an extended QP's batch
+                            (start_batch, post, complete; -l requests per batch)
   -F, --CPU-freq            accepted and ignored
   -h, --help                this text";
 
@@ -208,7 +235,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         events: false,
         atomic: AtomicType::FetchAndAdd,
         rx_depth: 512,
-        raw: false,
+        path: PathKind::Safe,
     };
     let mut size = None;
     let mut tx_given = false;
@@ -248,7 +275,17 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
                 }
             }
             'r' => o.rx_depth = number(c, v, 1, 16384)? as usize,
-            RAW => o.raw = true,
+            RAW | EX => {
+                let want = if c == RAW {
+                    PathKind::Raw
+                } else {
+                    PathKind::Ex
+                };
+                if o.path != PathKind::Safe && o.path != want {
+                    return Err("--raw and --ex cannot be given together".into());
+                }
+                o.path = want;
+            }
             'F' => {}
             'h' => return Err(String::new()),
             _ => return Err(format!("option -{c} is not handled")),

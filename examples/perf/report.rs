@@ -84,7 +84,7 @@ pub fn header(o: &Opts, c: &Conn) {
     );
     println!(" Data ex. method : Ethernet");
     println!(" Events          : {}", if o.events { "ON" } else { "OFF" });
-    println!(" rdma-verbs path : {}", if o.raw { "raw" } else { "safe" });
+    println!(" rdma-verbs path : {}", o.path.name());
     println!("{DASHES}");
     let rdma = o.test.verb() != Verb::Send;
     for (i, ep) in c.local_eps.iter().enumerate() {
@@ -170,7 +170,7 @@ pub fn result_line(o: &Opts, size: usize, out: &Outcome) -> String {
     format!(
         "perf-result: test={} path={} size={} iters={} ops={} polls={} empty_polls={} usec={}",
         o.test.name(),
-        if o.raw { "raw" } else { "safe" },
+        o.path.name(),
         size,
         o.iters,
         out.ops,

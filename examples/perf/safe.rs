@@ -2,10 +2,17 @@
 //! `post_send`/`post_recv` and handed back by `reclaim_chunks`; sends and
 //! writes (but write_lat's, whose source changes every round) name one
 //! read-only `SharedChunk`, as C names one buffer.
+//!
+//! How a post call's requests reach the QP is a type parameter
+//! ([`Submit`]): [`Basic`] (`post_send`, one chain per call) here, and
+//! `ex::Batched` (an extended QP's `ibv_wr_*` batch) for `--ex`; the
+//! requests, the buffers and the reclaim are the same.
 #![forbid(unsafe_code)]
 
+use std::marker::PhantomData;
+
 use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
-use rdma_verbs::{AccessFlags, Chunk, SharedChunk, WcOpcode, WorkCompletion};
+use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WcOpcode, WorkCompletion};
 
 use crate::opts::Test;
 use crate::path::{poll_cq, DataPath, Op, Plan, Progress, POLL_BATCH};
@@ -49,7 +56,35 @@ impl Buffers {
     }
 }
 
-pub struct SafePath {
+/// A refused post call: the message, and the chunks of the requests that
+/// did not reach the QP (to put back in their pool).
+pub type Refused = (String, Vec<Chunk>);
+
+/// How one post call's requests reach the QP.
+pub trait Submit {
+    /// Posts `wrs`, in order, in one call (one chain or one batch).
+    fn submit<'a, I: IntoIterator<Item = SendWr<'a>>>(
+        qp: &mut QueuePair,
+        wrs: I,
+    ) -> Result<(), Refused>;
+}
+
+/// `QueuePair::post_send`: the requests as one chain.
+pub struct Basic;
+
+impl Submit for Basic {
+    #[inline]
+    fn submit<'a, I: IntoIterator<Item = SendWr<'a>>>(
+        qp: &mut QueuePair,
+        wrs: I,
+    ) -> Result<(), Refused> {
+        qp.post_send(wrs)
+            .map_err(|e| (format!("Couldn't post send: {e}"), e.returned))
+    }
+}
+
+pub struct SafePath<S: Submit = Basic> {
+    submit: PhantomData<S>,
     conn: Conn,
     plan: Option<Plan>,
     ops: Vec<Op>,
@@ -60,10 +95,11 @@ pub struct SafePath {
     qpns: Vec<u32>,
 }
 
-impl SafePath {
+impl<S: Submit> SafePath<S> {
     pub fn new(conn: Conn) -> Self {
         let qpns = conn.qps.iter().map(|q| q.qp_num()).collect();
         SafePath {
+            submit: PhantomData,
             conn,
             plan: None,
             ops: Vec::new(),
@@ -116,7 +152,7 @@ pub fn wc_error(wc: &WorkCompletion) -> String {
     )
 }
 
-impl SafePath {
+impl<S: Submit> SafePath<S> {
     /// What a poll that found `n` completions does with them (a function of
     /// its own, so that callgrind prices it apart from the empty polls of a
     /// busy wait: see `.ci/bench/guest`).
@@ -146,7 +182,7 @@ impl SafePath {
     }
 }
 
-impl DataPath for SafePath {
+impl<S: Submit> DataPath for SafePath<S> {
     fn prepare(&mut self, plan: &Plan) -> Res<()> {
         let len = plan.size;
         self.bufs.clear();
@@ -197,20 +233,24 @@ impl DataPath for SafePath {
         let qp = &mut self.conn.qps[q];
         if plan.inline {
             let data = &bufs.inline[..plan.size];
-            return qp
-                .post_send((0..n as u64).map(|i| {
+            return S::submit(
+                qp,
+                (0..n as u64).map(|i| {
                     let seq = first + i;
                     mark(&plan, SendWr::new(seq, op).inline(data), seq)
-                }))
-                .map_err(|e| format!("Couldn't post send: {e}"));
+                }),
+            )
+            .map_err(|(msg, _)| msg);
         }
         if let Some(src) = &bufs.shared {
-            return qp
-                .post_send((0..n as u64).map(|i| {
+            return S::submit(
+                qp,
+                (0..n as u64).map(|i| {
                     let seq = first + i;
                     mark(&plan, SendWr::new(seq, op).sge_shared(src, plan.size), seq)
-                }))
-                .map_err(|e| format!("Couldn't post send: {e}"));
+                }),
+            )
+            .map_err(|(msg, _)| msg);
         }
         if bufs.pool.len() < n {
             return Err(format!(
@@ -222,23 +262,25 @@ impl DataPath for SafePath {
             op,
             SendOp::RdmaRead(_) | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. }
         );
-        let res = qp.post_send((0..n as u64).map(|i| {
-            let seq = first + i;
-            let chunk = if landing {
-                bufs.landing()
-            } else {
-                bufs.source()
-            };
-            let wr = SendWr::new(seq, op);
-            let wr = match chunk {
-                Some(c) => wr.sge_len(c, plan.size),
-                None => wr,
-            };
-            mark(&plan, wr, seq)
-        }));
-        res.map_err(|e| {
-            let msg = format!("Couldn't post send: {e}");
-            for c in e.returned {
+        let res = S::submit(
+            qp,
+            (0..n as u64).map(|i| {
+                let seq = first + i;
+                let chunk = if landing {
+                    bufs.landing()
+                } else {
+                    bufs.source()
+                };
+                let wr = SendWr::new(seq, op);
+                let wr = match chunk {
+                    Some(c) => wr.sge_len(c, plan.size),
+                    None => wr,
+                };
+                mark(&plan, wr, seq)
+            }),
+        );
+        res.map_err(|(msg, returned)| {
+            for c in returned {
                 bufs.give_back(c);
             }
             msg

@@ -14,13 +14,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr, SendOpsFlags};
 use rdma_verbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, LinkLayer, MemoryRegion,
     ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
 };
 
-use crate::opts::{Opts, Verb};
+use crate::opts::{AtomicType, Opts, PathKind, Verb};
 use crate::pingpong::{open_device, OrFail, Res};
 use crate::wait;
 
@@ -201,6 +201,19 @@ pub fn rx_depth(o: &Opts) -> usize {
     }
 }
 
+/// `--ex`: the one operation the test posts, which is all its extended
+/// QPs are created for (both ends: the server of a passive test never
+/// posts, but its QP is made the same way).
+pub fn send_ops(o: &Opts) -> SendOpsFlags {
+    match (o.test.verb(), o.atomic) {
+        (Verb::Send, _) => SendOpsFlags::SEND,
+        (Verb::Write, _) => SendOpsFlags::RDMA_WRITE,
+        (Verb::Read, _) => SendOpsFlags::RDMA_READ,
+        (Verb::Atomic, AtomicType::FetchAndAdd) => SendOpsFlags::ATOMIC_FETCH_AND_ADD,
+        (Verb::Atomic, AtomicType::CmpAndSwap) => SendOpsFlags::ATOMIC_CMP_AND_SWP,
+    }
+}
+
 /// Opens the device, creates everything, exchanges endpoints over `ctrl`
 /// and connects the QPs.
 pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
@@ -243,12 +256,13 @@ pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
         max_recv_sge: 1,
         max_inline_data: o.inline_size as u32,
     };
+    let mut qp_attr = QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps);
+    if o.path == PathKind::Ex {
+        qp_attr = qp_attr.send_ops(send_ops(o));
+    }
     let mut qps = Vec::with_capacity(o.qps);
     for _ in 0..o.qps {
-        qps.push(
-            pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))
-                .or_fail("Couldn't create QP")?,
-        );
+        qps.push(pd.create_qp(&qp_attr).or_fail("Couldn't create QP")?);
     }
     let max_inline = qps[0].caps().max_inline_data;
     let target = pd
