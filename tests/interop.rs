@@ -12,9 +12,10 @@
 //! (where `-N` is an extension of the Rust port) against the C programs
 //! without it, in both roles; with default options and with a non-default
 //! size, 200 iterations and `-c`. And `rc_pingpong -t` against
-//! `ibv_rc_pingpong -t` on a device without completion timestamps (rxe):
-//! in both roles, the same message on stderr, nothing on stdout, the same
-//! exit status.
+//! `ibv_rc_pingpong -t` in both roles: on a device without completion
+//! timestamps (rxe) the same message on stderr, nothing on stdout, the same
+//! exit status; on a device with them a run of the two (the Rust side with
+//! `-e` as client), both printing the timestamp statistics.
 //!
 //! Also runs the `rdma_ops` example, server and client, which checks every
 //! RDMA write, read and atomic result.
@@ -308,9 +309,13 @@ fn run_new_send<const N: usize>(env: &Env) -> Result<(), Failed> {
 /// `127.0.0.1`; the check comes before any connection). On a device without
 /// completion timestamps both must fail the same way: the same stdout
 /// (nothing), the same stderr ("The device isn't completion timestamp
-/// capable"), the same exit status (1). On a device with them the C
-/// program would run, and the Rust one must say that `-t` is not available.
+/// capable"), the same exit status (1). On a device with them
+/// ([`rc_ts_run`]) the Rust program in this role runs against the C one.
 fn rc_ts<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
+    let mask = env.ctx.query_device()?.completion_timestamp_mask;
+    if mask != 0 {
+        return rc_ts_run(env, CLIENT, mask);
+    }
     let mut args: Vec<String> = vec![
         "-t".into(),
         "-d".into(),
@@ -336,20 +341,7 @@ fn rc_ts<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
         finish_split(child, common::deadline())
     };
     let rust = run(&rust_example("rc_pingpong")?)?;
-    let mask = env.ctx.query_device()?.completion_timestamp_mask;
     let role = if CLIENT { "client" } else { "server" };
-    if mask != 0 {
-        ensure!(
-            rust.0 == Some(1) && rust.2.contains("-t/--ts") && rust.2.contains("not available"),
-            "{role}: the device has completion timestamps (mask {mask:#x}); \
-             rc_pingpong -t should say it cannot use them: {rust:?}"
-        );
-        eprintln!(
-            "interop: rc -t {role}: device has timestamps; Rust: {}",
-            rust.2.trim()
-        );
-        return Ok(());
-    }
     let c = run(&on_path_c("ibv_rc_pingpong")?)?;
     ensure!(
         rust == c,
@@ -368,6 +360,50 @@ fn rc_ts<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
         c.0,
         c.2.trim()
     );
+    Ok(())
+}
+
+/// `rc_pingpong -t` against `ibv_rc_pingpong -t` on a device with completion
+/// timestamps (`mask`): the Rust program as server or (with `-e`, polling
+/// its extended CQ after events) as client, 1,000 iterations. Both must
+/// exit 0 and print, after the results, the three statistics lines with
+/// numbers (min <= average <= max).
+fn rc_ts_run(env: &Env, client: bool, mask: u64) -> Result<(), Failed> {
+    let rust = rust_example("rc_pingpong")?;
+    let c = on_path_c("ibv_rc_pingpong")?;
+    const TS: &[&str] = &["-t"];
+    const TS_EVENTS: &[&str] = &["-t", "-e"];
+    let (server, client_side) = if client {
+        ((&c, TS), (&rust, TS_EVENTS))
+    } else {
+        ((&rust, TS), (&c, TS))
+    };
+    let role = if client { "client" } else { "server" };
+    let what = format!("rc -t, Rust {role} (completion_timestamp_mask {mask:#x})");
+    let port = if client { 19_250 } else { 19_251 };
+    let (server_out, client_out) = pair(env, server, client_side, port, &what)?;
+    for (who, out) in [("server", &server_out), ("client", &client_out)] {
+        let stat = |name: &str| -> Result<f64, Failed> {
+            let prefix = format!("{name} receive completion clock cycles = ");
+            let line = out
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .ok_or_else(|| format!("{what}: {who} printed no {name:?} line\n{out}"))?;
+            Ok(line.parse::<f64>().map_err(|e| {
+                format!("{what}: {who}: {name} {line:?} is not a number ({e})\n{out}")
+            })?)
+        };
+        let (max, min, avg) = (stat("Max")?, stat("Min")?, stat("Average")?);
+        ensure!(
+            min <= avg && avg <= max,
+            "{what}: {who}: not min {min} <= average {avg} <= max {max}\n{out}"
+        );
+        ensure!(
+            out.contains(" iters in "),
+            "{what}: {who} printed no iteration time\n{out}"
+        );
+    }
+    eprintln!("interop: {what}: both printed the timestamp statistics");
     Ok(())
 }
 

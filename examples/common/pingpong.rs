@@ -13,14 +13,15 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use rdma_verbs::cq_ex::{Fields, Off, On};
 use rdma_verbs::qp::{
-    AddressVector, Endpoint, GlobalRoute, PostError, Psn, QKey, QpAttr, QpNum, RecvWr, SendOp,
-    SendOpsFlags, SendWr, WrBatch,
+    AddressVector, Completion, Endpoint, GlobalRoute, PostError, Psn, QKey, QpAttr, QpNum, RecvWr,
+    SendOp, SendOpsFlags, SendWr, WrBatch,
 };
 use rdma_verbs::{
-    AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, Context, DeviceList,
-    Gid, LinkLayer, Mtu, ProtectionDomain, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
-    WorkCompletion,
+    AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, CompletionQueueEx,
+    Context, DeviceList, Gid, LinkLayer, Mtu, ProtectionDomain, QpCaps, QpInitAttr, QpState,
+    QpType, QueuePair, WcStatus, WorkCompletion,
 };
 
 /// `wr_id` of receives, as in the C examples.
@@ -368,10 +369,6 @@ pub fn unsupported(prog: &str, flag: char) -> String {
             "-P/--prefetch (prefetch an ODP MR)",
             "rdma-verbs has no ibv_advise_mr",
         ),
-        't' => (
-            "-t/--ts (completion timestamps)",
-            "rdma-verbs has no extended CQ yet (ibv_create_cq_ex, ibv_wc_read_completion_ts)",
-        ),
         'j' => (
             "-j/--dm (device memory)",
             "rdma-verbs has no device memory (ibv_alloc_dm, ibv_reg_dm_mr, ibv_memcpy_to_dm)",
@@ -474,6 +471,28 @@ pub fn create_cq(
         Some(ch) => ctx.create_cq_with_channel(cqe, ch, 0),
         None => ctx.create_cq(cqe),
     }
+    .or_fail("Couldn't create CQ")
+}
+
+/// The completion fields of `ibv_rc_pingpong -t`'s CQ: the completion
+/// timestamp alone (`wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`).
+pub type TsFields = Fields<Off, Off, Off, Off, Off, Off, Off, On, Off, Off, Off>;
+
+/// The CQ of `-t`, as `ibv_rc_pingpong -t` creates it: `ibv_create_cq_ex`
+/// with `cqe` entries, the channel if there is one, completion vector 0 and
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` as its only field.
+pub fn create_cq_ts(
+    ctx: &Context,
+    cqe: usize,
+    channel: Option<&CompletionChannel>,
+) -> Res<CompletionQueueEx<TsFields>> {
+    let cqe = u32::try_from(cqe).map_err(|_| "Couldn't create CQ (too many entries)")?;
+    let builder = ctx.create_cq_ex(cqe).completion_timestamp();
+    match channel {
+        Some(ch) => builder.channel(ch, 0),
+        None => builder,
+    }
+    .build()
     .or_fail("Couldn't create CQ")
 }
 
@@ -626,20 +645,6 @@ pub fn timestamp_mask(ctx: &Context) -> Res<u64> {
         0 => Err("The device isn't completion timestamp capable".into()),
         mask => Ok(mask),
     }
-}
-
-/// What `-t` answers on a device that has completion timestamps: the
-/// receive loop needs an extended CQ (`ibv_create_cq_ex` with
-/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, polled with `ibv_start_poll` and
-/// read with `ibv_wc_read_completion_ts`), which rdma-verbs does not offer
-/// yet. With one, [`SingleQp`] would poll it instead of its CQ and hand each
-/// receive's timestamp to [`TsStats::record`], and `run_connected` would
-/// print [`TsStats::lines`] after the results.
-pub fn timestamps_unavailable(mask: u64) -> String {
-    format!(
-        "{} (the device's completion_timestamp_mask is {mask:#x})",
-        unsupported("rc_pingpong", 't')
-    )
 }
 
 /// `struct ts_params` of `ibv_rc_pingpong -t`: the clock cycles between
@@ -903,6 +908,18 @@ pub fn send_ops(attr: QpInitAttr<'_>, new_send: bool) -> QpInitAttr<'_> {
     }
 }
 
+/// The top of the C loop with `-e`: one event from `channel`
+/// (`ibv_get_cq_event`), which must be for `cq`, and the CQ re-armed
+/// (`ibv_req_notify_cq`).
+pub fn wait_cq_event(cq: &CompletionQueue, channel: &CompletionChannel) -> Res<()> {
+    let event = channel.get_event().or_fail("Failed to get cq_event")?;
+    if !event.is_for(cq) {
+        return Err("CQ event for unknown CQ".into());
+    }
+    cq.req_notify(false)
+        .or_fail("Couldn't request CQ notification")
+}
+
 /// Waits for completions as the C loop does: with a channel, one event (the
 /// CQ is re-armed) and one poll, which may find nothing; without, polls
 /// until something is there.
@@ -912,12 +929,7 @@ pub fn next_completions<'a>(
     wcs: &'a mut [WorkCompletion],
 ) -> Res<&'a [WorkCompletion]> {
     if let Some(ch) = channel {
-        let event = ch.get_event().or_fail("Failed to get cq_event")?;
-        if !event.is_for(cq) {
-            return Err("CQ event for unknown CQ".into());
-        }
-        cq.req_notify(false)
-            .or_fail("Couldn't request CQ notification")?;
+        wait_cq_event(cq, ch)?;
         let n = cq.poll(wcs).or_fail("poll CQ failed")?.len();
         return Ok(&wcs[..n]);
     }
@@ -929,9 +941,10 @@ pub fn next_completions<'a>(
     }
 }
 
-/// The request a completion ends, and its buffer: `(wr_id, chunk)`, with
-/// `wr_id` 0 when the completion is not one of `qp`'s outstanding requests.
-pub fn reclaim(qp: &mut QueuePair, wc: &WorkCompletion) -> (u64, Option<Chunk>) {
+/// The request a completion (of a CQ or an extended CQ) ends, and its
+/// buffer: `(wr_id, chunk)`, with `wr_id` 0 when the completion is not one
+/// of `qp`'s outstanding requests.
+pub fn reclaim<C: Completion>(qp: &mut QueuePair, wc: &C) -> (u64, Option<Chunk>) {
     let mut out = (0, None);
     qp.reclaim(wc, |done| {
         if done.signaled {
@@ -944,17 +957,47 @@ pub fn reclaim(qp: &mut QueuePair, wc: &WorkCompletion) -> (u64, Option<Chunk>) 
 
 /// `Err` with the C message for a failed completion.
 pub fn check_status(wc: &WorkCompletion, wr_id: u64) -> Res<()> {
-    if wc.is_success() {
-        return Ok(());
-    }
-    let (name, raw) = match wc.status() {
+    status_result(wc.status(), wc.vendor_err(), wr_id)
+}
+
+/// `Ok` for a successful completion, else `Err` with the C message: `Failed
+/// status <ibv_wc_status_str> (<status>) for wr_id <wr_id>` and the vendor
+/// error. For a [`WorkCompletion`] or an extended CQ's completion alike.
+pub fn status_result(status: Result<WcStatus, u32>, vendor_err: u32, wr_id: u64) -> Res<()> {
+    let (name, raw) = match status {
+        Ok(WcStatus::Success) => return Ok(()),
         Ok(s) => (s.message(), s.as_raw()),
         Err(raw) => ("unknown", raw),
     };
     Err(format!(
-        "Failed status {name} ({raw}) for wr_id {wr_id} (vendor error 0x{:x})",
-        wc.vendor_err()
+        "Failed status {name} ({raw}) for wr_id {wr_id} (vendor error 0x{vendor_err:x})"
     ))
+}
+
+/// The extended CQ of `ibv_rc_pingpong -t` and the statistics of its
+/// receive completions' timestamps.
+pub struct Timestamps {
+    /// The CQ, created with [`create_cq_ts`].
+    pub cq: CompletionQueueEx<TsFields>,
+    /// What the receive completions' timestamps gave.
+    pub stats: TsStats,
+}
+
+/// Where the ping-pong loop is: the completions still awaited before the
+/// next send (`RECV_WRID | SEND_WRID` bits, the C `pending`) and those
+/// counted.
+struct Progress {
+    iters: u32,
+    pending: u64,
+    scnt: u32,
+    rcnt: u32,
+}
+
+impl Progress {
+    /// The C loop's condition, negated: `iters` of each counted.
+    fn done(&self) -> bool {
+        self.rcnt >= self.iters && self.scnt >= self.iters
+    }
 }
 
 /// One QP pinging the peer: what `ibv_rc_pingpong`, `ibv_uc_pingpong` and
@@ -962,7 +1005,8 @@ pub fn check_status(wc: &WorkCompletion, wr_id: u64) -> Res<()> {
 pub struct SingleQp {
     /// The QP.
     pub qp: QueuePair,
-    /// Its CQ (sends and receives).
+    /// Its CQ (sends and receives). With `-t` the handle of the extended CQ
+    /// in [`ts`](Self::ts) (for events and the QP; it cannot be polled).
     pub cq: CompletionQueue,
     /// The completion channel with `-e`.
     pub channel: Option<CompletionChannel>,
@@ -984,13 +1028,18 @@ pub struct SingleQp {
     pub ud: Option<UdDest>,
     /// The `-c` check.
     pub check: Checker,
+    /// With `-t` (rc_pingpong): the extended CQ that [`run`](Self::run)
+    /// polls, and the timestamp statistics.
+    pub ts: Option<Timestamps>,
 }
 
 impl SingleQp {
     /// The rest of `pp_init_ctx` once the device is open: PD, buffers (each
     /// receive buffer `recv_offset` bytes longer than `size`), CQ (with a
-    /// channel under `-e`), a QP of `qp_type` moved to INIT with `init`,
-    /// the initial receives, and the first notification request.
+    /// channel under `-e`; with `-t` an extended CQ with completion
+    /// timestamps, once the device is found to have them), a QP of
+    /// `qp_type` moved to INIT with `init`, the initial receives, and the
+    /// first notification request.
     pub fn init(
         ctx: &Context,
         cfg: &Config,
@@ -1000,13 +1049,25 @@ impl SingleQp {
     ) -> Res<Self> {
         let channel = create_channel(ctx, cfg.use_event)?;
         let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-        if cfg.timestamps {
-            let mask = timestamp_mask(ctx)?;
-            return Err(timestamps_unavailable(mask));
-        }
+        let ts_mask = if cfg.timestamps {
+            Some(timestamp_mask(ctx)?)
+        } else {
+            None
+        };
         let recv_pool = alloc_buffers(&pd, cfg.rx_depth, cfg.size + recv_offset, 0x7b)?;
         let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
-        let cq = create_cq(ctx, cfg.rx_depth + 1, channel.as_ref())?;
+        let (cq, ts) = match ts_mask {
+            None => (create_cq(ctx, cfg.rx_depth + 1, channel.as_ref())?, None),
+            Some(mask) => {
+                let cq_ex = create_cq_ts(ctx, cfg.rx_depth + 1, channel.as_ref())?;
+                let cq = cq_ex.as_cq().clone();
+                let ts = Timestamps {
+                    cq: cq_ex,
+                    stats: TsStats::new(mask),
+                };
+                (cq, Some(ts))
+            }
+        };
         let caps = QpCaps {
             max_send_wr: 1,
             max_recv_wr: cfg.rx_depth as u32,
@@ -1035,6 +1096,7 @@ impl SingleQp {
             recv_offset,
             ud: None,
             check: Checker::new(cfg.validate),
+            ts,
         };
         pp.post_initial_recvs()?;
         if pp.channel.is_some() {
@@ -1074,55 +1136,127 @@ impl SingleQp {
 
     /// The ping-pong loop: the client sends first; each side sends again
     /// once its previous send and a receive have completed, until `iters`
-    /// of each. Returns the time it took.
+    /// of each. Returns the time it took. With `-t` the completions come
+    /// from the extended CQ ([`poll_ts`](Self::poll_ts)), else from the CQ
+    /// ([`poll_basic`](Self::poll_basic)).
     pub fn run(&mut self, iters: u32, client: bool) -> Res<Duration> {
-        let mut pending = RECV_WRID;
+        let mut p = Progress {
+            iters,
+            pending: RECV_WRID,
+            scnt: 0,
+            rcnt: 0,
+        };
         if client {
             if let Some(b) = self.send_buf.as_mut() {
                 self.check.stamp(&mut b.as_mut_slice()[..self.size]);
             }
             self.post_send()?;
-            pending |= SEND_WRID;
+            p.pending |= SEND_WRID;
         }
         let start = Instant::now();
+        match self.ts.take() {
+            None => self.poll_basic(&mut p)?,
+            Some(mut ts) => {
+                let res = self.poll_ts(&mut ts, &mut p);
+                self.ts = Some(ts);
+                res?
+            }
+        }
+        Ok(start.elapsed())
+    }
+
+    /// The C loop with a CQ: `ibv_poll_cq` for up to two completions (with
+    /// `-e` after an event; without, until it finds one), each handled.
+    fn poll_basic(&mut self, p: &mut Progress) -> Res<()> {
         let mut wcs = [WorkCompletion::default(); 2];
-        let (mut rcnt, mut scnt) = (0u32, 0u32);
-        while rcnt < iters || scnt < iters {
+        while !p.done() {
             let got = next_completions(&self.cq, self.channel.as_ref(), &mut wcs)?;
             for wc in got {
                 let (wr_id, chunk) = reclaim(&mut self.qp, wc);
                 check_status(wc, wr_id)?;
-                match wr_id {
-                    SEND_WRID => {
-                        scnt += 1;
-                        if chunk.is_some() {
-                            self.send_buf = chunk;
-                        }
-                    }
-                    RECV_WRID => {
-                        let c = chunk.ok_or("receive completion without its buffer")?;
-                        let off = self.recv_offset;
-                        self.check.received(&c.as_slice()[off..off + self.size]);
-                        self.recv_pool.push(c);
-                        self.routs -= 1;
-                        if self.routs <= 1 {
-                            self.routs += self.post_recvs(self.rx_depth - self.routs);
-                            if self.routs < self.rx_depth {
-                                return Err(format!("Couldn't post receive ({})", self.routs));
-                            }
-                        }
-                        rcnt += 1;
-                    }
-                    other => return Err(format!("Completion for unknown wr_id {other}")),
-                }
-                pending &= !wr_id;
-                if scnt < iters && pending == 0 {
-                    self.post_send()?;
-                    pending = RECV_WRID | SEND_WRID;
-                }
+                self.completed(p, wr_id, chunk)?;
             }
         }
-        Ok(start.elapsed())
+        Ok(())
+    }
+
+    /// The C loop with `-t`: with `-e`, an event and the CQ re-armed; then
+    /// `ibv_start_poll` (again and again while the CQ is empty, without
+    /// `-e`), the completion it found, one `ibv_next_poll` and the
+    /// completion it found if any, `ibv_end_poll` (the batch dropped, also
+    /// on an error). Each completion's buffer comes back through
+    /// `QueuePair::reclaim`; each successful receive's
+    /// `ibv_wc_read_completion_ts` goes into the statistics.
+    ///
+    /// One difference: with `-e`, a CQ found empty after an event (the
+    /// completion that raised it was taken by the batch before) means
+    /// waiting for the next event here, as `ibv_poll_cq` finding nothing
+    /// does in the loop without `-t`; `ibv_rc_pingpong -t -e` exits with
+    /// "poll CQ failed 2" (`ENOENT`) then.
+    fn poll_ts(&mut self, ts: &mut Timestamps, p: &mut Progress) -> Res<()> {
+        while !p.done() {
+            if let Some(ch) = &self.channel {
+                wait_cq_event(&self.cq, ch)?;
+            }
+            let batch = loop {
+                match ts.cq.start_poll().or_fail("poll CQ failed")? {
+                    Some(b) => break Some(b),
+                    None if self.channel.is_some() => break None,
+                    None => {}
+                }
+            };
+            let Some(mut batch) = batch else {
+                continue;
+            };
+            for _ in 0..2 {
+                let Some(wc) = batch.next().or_fail("poll CQ failed")? else {
+                    break;
+                };
+                let (wr_id, chunk) = reclaim(&mut self.qp, &wc);
+                status_result(wc.status(), wc.vendor_err(), wr_id)?;
+                if wr_id == RECV_WRID {
+                    ts.stats.record(wc.completion_ts());
+                }
+                self.completed(p, wr_id, chunk)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `parse_single_wc` after the status check: a send or a receive
+    /// completed (`chunk`: its buffer, when it had one); receives are
+    /// reposted when one or none is left, and the next send goes out once
+    /// both the previous send and a receive are done.
+    fn completed(&mut self, p: &mut Progress, wr_id: u64, chunk: Option<Chunk>) -> Res<()> {
+        match wr_id {
+            SEND_WRID => {
+                p.scnt += 1;
+                if chunk.is_some() {
+                    self.send_buf = chunk;
+                }
+            }
+            RECV_WRID => {
+                let c = chunk.ok_or("receive completion without its buffer")?;
+                let off = self.recv_offset;
+                self.check.received(&c.as_slice()[off..off + self.size]);
+                self.recv_pool.push(c);
+                self.routs -= 1;
+                if self.routs <= 1 {
+                    self.routs += self.post_recvs(self.rx_depth - self.routs);
+                    if self.routs < self.rx_depth {
+                        return Err(format!("Couldn't post receive ({})", self.routs));
+                    }
+                }
+                p.rcnt += 1;
+            }
+            other => return Err(format!("Completion for unknown wr_id {other}")),
+        }
+        p.pending &= !wr_id;
+        if p.scnt < p.iters && p.pending == 0 {
+            self.post_send()?;
+            p.pending = RECV_WRID | SEND_WRID;
+        }
+        Ok(())
     }
 }
 
@@ -1194,6 +1328,97 @@ mod tests {
                 "Average receive completion clock cycles = 21817.333333",
             ]
         );
+    }
+
+    #[test]
+    fn timestamp_statistics_as_c() {
+        // Equal timestamps: a delta of 0 is a delta (min 0, counted).
+        let mut ts = TsStats::new(u64::MAX);
+        for t in [5, 5, 5] {
+            ts.record(t);
+        }
+        assert_eq!(
+            ts.lines(),
+            [
+                "Max receive completion clock cycles = 0",
+                "Min receive completion clock cycles = 0",
+                "Average receive completion clock cycles = 0.000000",
+            ]
+        );
+        // The minimum starts at 0xffffffff, as in C: deltas above it leave
+        // it there.
+        let mut ts = TsStats::new(u64::MAX);
+        ts.record(0);
+        ts.record(0x1_0000_0000);
+        ts.record(0x3_0000_0000);
+        assert_eq!(
+            ts.lines(),
+            [
+                "Max receive completion clock cycles = 8589934592",
+                "Min receive completion clock cycles = 4294967295",
+                "Average receive completion clock cycles = 6442450944.000000",
+            ]
+        );
+        // A 64-bit clock wrapping: mask - prev + ts + 1 in u64, as C does it
+        // (u64::MAX - (u64::MAX - 1) + 2 + 1 = 4).
+        let mut ts = TsStats::new(u64::MAX);
+        ts.record(u64::MAX - 1);
+        ts.record(2);
+        assert_eq!(ts.lines()[0], "Max receive completion clock cycles = 4");
+        // A 48-bit clock (a common completion_timestamp_mask) wrapping, and
+        // %f's rounding of the average (7 / 3).
+        let mask = (1u64 << 48) - 1;
+        let mut ts = TsStats::new(mask);
+        ts.record(mask - 2);
+        ts.record(0); // mask - 2 -> mask -> 0: 3
+        ts.record(2); // 2
+        ts.record(4); // 2
+        assert_eq!(
+            ts.lines(),
+            [
+                "Max receive completion clock cycles = 3",
+                "Min receive completion clock cycles = 2",
+                "Average receive completion clock cycles = 2.333333",
+            ]
+        );
+    }
+
+    #[test]
+    fn status_messages() {
+        assert_eq!(status_result(Ok(WcStatus::Success), 7, 1), Ok(()));
+        assert_eq!(
+            status_result(Ok(WcStatus::LocLenErr), 0x33, 1).unwrap_err(),
+            format!(
+                "Failed status {} (1) for wr_id 1 (vendor error 0x33)",
+                WcStatus::LocLenErr.message()
+            )
+        );
+        assert_eq!(
+            status_result(Err(99), 0, 2).unwrap_err(),
+            "Failed status unknown (99) for wr_id 2 (vendor error 0x0)"
+        );
+    }
+
+    #[test]
+    fn progress_done() {
+        let mut p = Progress {
+            iters: 2,
+            pending: RECV_WRID,
+            scnt: 2,
+            rcnt: 1,
+        };
+        assert!(!p.done());
+        p.rcnt = 2;
+        assert!(p.done());
+        p.scnt = 1;
+        assert!(!p.done());
+        let none = Progress {
+            iters: 0,
+            pending: RECV_WRID,
+            scnt: 0,
+            rcnt: 0,
+        };
+        assert!(none.done());
     }
 
     #[test]
@@ -1292,6 +1517,11 @@ pub fn run_connected(cfg: Config, qp_type: QpType, connect: ConnectFn) -> Res<()
 
     let elapsed = pp.run(cfg.iters, cfg.servername.is_some())?;
     print_results(cfg.size, cfg.iters, elapsed);
+    if let Some(ts) = &pp.ts {
+        for line in ts.stats.lines() {
+            println!("{line}");
+        }
+    }
     if cfg.servername.is_none() {
         pp.check.report();
     }
