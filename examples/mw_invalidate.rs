@@ -38,7 +38,11 @@
 //!    bytes around it are untouched.
 //! 3. The window is revoked:
 //!    * type 2, default: the server posts a local invalidation
-//!      ([`QueuePair::invalidate_mw`]) and waits for its completion;
+//!      ([`QueuePair::invalidate_mw`]) and waits for its completion. Only
+//!      ever invalidate a window that is bound: on rxe (Linux 6.1) a
+//!      LOCAL_INV of a type 2 window that was never bound (or was
+//!      invalidated already) took the whole (virtual) machine down, and
+//!      the crate does not refuse it;
 //!    * type 2, `--remote-inv`: the client sends `SEND_WITH_INV` naming the
 //!      window's rkey; the server's receive completion must report that
 //!      rkey ([`WorkCompletion::invalidated_rkey`]). On rxe (Linux 6.1,
@@ -514,9 +518,11 @@ fn wait_one(cq: &CompletionQueue, qp: &mut QueuePair, peer: &mut Peer) -> Res<Do
     }
 }
 
-/// The QP's state as the device reports it (`ibv_query_qp`).
-fn device_state(qp: &QueuePair) -> Res<QpState> {
-    Ok(qp.query_state()?)
+/// The QP's state as the device reports it (`ibv_query_qp`), which also
+/// becomes the state the crate knows it in ([`QueuePair::resync`]): the
+/// device moved it to ERR on its own.
+fn device_state(qp: &mut QueuePair) -> Res<QpState> {
+    Ok(qp.resync()?)
 }
 
 // ---------------------------------------------------------------------------

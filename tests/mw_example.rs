@@ -177,7 +177,7 @@ fn good_run(
             &s.out,
             "server",
             &[
-                format!(" window bound: addr "),
+                " window bound: addr ".to_owned(),
                 format!(" len {size_s} rkey {rkey} "),
                 format!("the write through the window arrived: {size_s} bytes checked"),
                 "server QP state after the client's failed read: IBV_QPS_ERR".to_owned(),
