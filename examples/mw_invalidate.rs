@@ -45,13 +45,12 @@
 //!      the crate does not refuse it;
 //!    * type 2, `--remote-inv`: the client sends `SEND_WITH_INV` naming the
 //!      window's rkey; the server's receive completion must report that
-//!      rkey ([`WorkCompletion::invalidated_rkey`]). On rxe (Linux 6.1,
-//!      rdma-core 44) it cannot: the kernel flags the completion with its
-//!      own `IB_WC_WITH_INVALIDATE` (`1 << 2`), which libibverbs reads as
-//!      `IBV_WC_IP_CSUM_OK` (its `IBV_WC_WITH_INV` is `1 << 3`), so
-//!      `invalidated_rkey()` is `None`. The server accepts exactly that
-//!      (an RC receive has no IP checksum to report) and says so; the
-//!      client's failed read is then the proof of the invalidation;
+//!      rkey ([`QueuePair::invalidated_rkey`]). That, not
+//!      `WorkCompletion::invalidated_rkey`, because rxe (Linux 6.1) flags
+//!      the completion with the kernel's `IB_WC_WITH_INVALIDATE` bit
+//!      (`1 << 2`), which libibverbs passes on unchanged and calls
+//!      `IBV_WC_IP_CSUM_OK` (its `IBV_WC_WITH_INV` is `1 << 3`): only the
+//!      QP, which knows its device, reads that bit as an invalidation;
 //!    * `--type1`: type 1 windows cannot be invalidated (neither
 //!      `LOCAL_INV` nor `SEND_WITH_INV`); ibv_alloc_mw(3) names two ways
 //!      to revoke one: binding it with zero length, which this crate's
@@ -694,30 +693,20 @@ fn serve(
                 &chunk.as_slice()[..n.min(RECV_LEN)],
                 INV_MESSAGE,
             )?;
+            // QueuePair::invalidated_rkey, not WorkCompletion's: rxe flags
+            // the invalidation with the kernel's bit (see the module docs),
+            // which only the QP (knowing its device) reads as such.
             let flags = d.wc.flags();
-            match d.wc.invalidated_rkey() {
+            match qp.invalidated_rkey(&d.wc) {
                 Some(k) if k == rkey => {
+                    let how = if flags.contains(WcFlags::WITH_INV) {
+                        "IBV_WC_WITH_INV"
+                    } else {
+                        "rxe's IB_WC_WITH_INVALIDATE bit"
+                    };
                     println!(
                         "mw_invalidate: the client's SEND_WITH_INV invalidated rkey {rkey:#x} \
-                         (the receive completion reports it)"
-                    );
-                }
-                // rxe (Linux 6.1) writes the kernel's IB_WC_WITH_INVALIDATE
-                // (1 << 2) into the completion's flags, which is
-                // IBV_WC_IP_CSUM_OK to libibverbs (IBV_WC_WITH_INV is
-                // 1 << 3): the rkey is in the completion, but flagged so
-                // that invalidated_rkey() cannot return it. An RC receive
-                // has no IP checksum to report, so the bit can only be
-                // that; the client's failed read below is the proof that
-                // the window was invalidated.
-                None if flags.contains(WcFlags::IP_CSUM_OK)
-                    && !flags.contains(WcFlags::WITH_INV) =>
-                {
-                    println!(
-                        "mw_invalidate: the client's SEND_WITH_INV arrived, flagged {flags:?}: \
-                         the provider's IB_WC_WITH_INVALIDATE (1 << 2, IBV_WC_IP_CSUM_OK to \
-                         libibverbs), so invalidated_rkey() is None and rkey {rkey:#x} cannot \
-                         be checked in the completion"
+                         (the receive completion reports it, flagged with {how})"
                     );
                 }
                 other => {
