@@ -38,11 +38,11 @@
 //!    bytes around it are untouched.
 //! 3. The window is revoked:
 //!    * type 2, default: the server posts a local invalidation
-//!      ([`QueuePair::invalidate_mw`]) and waits for its completion. Only
-//!      ever invalidate a window that is bound: on rxe (Linux 6.1) a
-//!      LOCAL_INV of a type 2 window that was never bound (or was
-//!      invalidated already) took the whole (virtual) machine down, and
-//!      the crate does not refuse it;
+//!      ([`QueuePair::invalidate_mw`]) and waits for its completion. The
+//!      crate refuses to invalidate a window it does not know to be bound
+//!      (its bind's completion reclaimed): on rxe (Linux 6.1) a LOCAL_INV
+//!      of a type 2 window that was never bound (or was invalidated
+//!      already) takes the whole (virtual) machine down;
 //!    * type 2, `--remote-inv`: the client sends `SEND_WITH_INV` naming the
 //!      window's rkey; the server's receive completion must report that
 //!      rkey ([`QueuePair::invalidated_rkey`]). That, not
