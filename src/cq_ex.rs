@@ -1105,15 +1105,24 @@ impl<F: FieldSet> Completion for PolledWc<'_, F> {
     }
 
     #[inline]
-    fn inv_parts(&self) -> Option<(Result<WcOpcode, u32>, WcFlags, u32)> {
+    fn inv_flags(&self) -> Option<WcFlags> {
+        has::<F>(wcf::IBV_WC_EX_WITH_IMM).then(|| self.flags())
+    }
+
+    #[inline]
+    fn inv_word(&self) -> u32 {
         if !has::<F>(wcf::IBV_WC_EX_WITH_IMM) {
-            return None;
+            return 0;
         }
         // SAFETY: as in `imm_data`: the set has imm (checked just above,
         // the bit `WithImm` stands for) and `build` checked the provider
         // set read_imm_data.
-        let word = unsafe { sys::ibv_wc_read_invalidated_rkey(self.raw()) };
-        Some((self.opcode(), self.flags(), word))
+        unsafe { sys::ibv_wc_read_invalidated_rkey(self.raw()) }
+    }
+
+    #[inline]
+    fn wc_opcode(&self) -> Result<WcOpcode, u32> {
+        self.opcode()
     }
 }
 

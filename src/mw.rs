@@ -734,16 +734,17 @@ impl QueuePair {
     /// [`PolledWc`](crate::PolledWc) of an extended CQ created with
     /// [`imm`](crate::CqExBuilder::imm) (without it: `None`).
     pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
-        let (opcode, flags, word) = wc.inv_parts()?;
+        // One read (the flags) in the common case: no invalidation.
+        let flags = wc.inv_flags()?;
         if flags.contains(crate::WcFlags::WITH_INV) {
-            return Some(word);
+            return Some(wc.inv_word());
         }
-        let rxe_inv = wc.succeeded()
-            && opcode == Ok(crate::WcOpcode::Recv)
-            && flags.contains(crate::WcFlags::IP_CSUM_OK)
+        let rxe_inv = flags.contains(crate::WcFlags::IP_CSUM_OK)
+            && wc.succeeded()
             && matches!(self.qp_type(), QpType::Rc | QpType::Uc)
+            && wc.wc_opcode() == Ok(crate::WcOpcode::Recv)
             && self.pd().context().is_rxe();
-        rxe_inv.then_some(word)
+        rxe_inv.then(|| wc.inv_word())
     }
 }
 

@@ -139,11 +139,17 @@ pub trait Completion: sealed::Sealed {
     /// Whether the status is success.
     #[doc(hidden)]
     fn succeeded(&self) -> bool;
-    /// For a completion that carries the immediate/invalidated-rkey word:
-    /// its opcode, flags and that word (what telling an invalidation
-    /// needs); `None` when the completion does not carry it.
+    /// The flags, for a completion that carries the immediate/
+    /// invalidated-rkey word; `None` when it does not carry it.
     #[doc(hidden)]
-    fn inv_parts(&self) -> Option<(Result<crate::WcOpcode, u32>, crate::WcFlags, u32)>;
+    fn inv_flags(&self) -> Option<crate::WcFlags>;
+    /// The immediate/invalidated-rkey word (only asked when
+    /// [`inv_flags`](Self::inv_flags) is `Some`).
+    #[doc(hidden)]
+    fn inv_word(&self) -> u32;
+    /// The opcode.
+    #[doc(hidden)]
+    fn wc_opcode(&self) -> Result<crate::WcOpcode, u32>;
 }
 
 pub(crate) mod sealed {
@@ -167,8 +173,16 @@ impl Completion for WorkCompletion {
         self.is_success()
     }
     #[inline]
-    fn inv_parts(&self) -> Option<(Result<crate::WcOpcode, u32>, crate::WcFlags, u32)> {
-        Some((self.opcode(), self.flags(), self.ex_data()))
+    fn inv_flags(&self) -> Option<crate::WcFlags> {
+        Some(self.flags())
+    }
+    #[inline]
+    fn inv_word(&self) -> u32 {
+        self.ex_data()
+    }
+    #[inline]
+    fn wc_opcode(&self) -> Result<crate::WcOpcode, u32> {
+        self.opcode()
     }
 }
 

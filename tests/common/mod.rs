@@ -309,3 +309,26 @@ pub fn empty_gid_index(env: &Env, limit: u32) -> Result<u32, Failed> {
             .into()
         })
 }
+
+/// The address vector for reaching endpoint `ep` (a UD peer on this
+/// device): its LID, and on RoCE its GID through the table entry that
+/// holds it (hop limit 64).
+#[allow(dead_code)]
+pub fn ud_av(
+    env: &Env,
+    ep: &rdma_verbs::qp::Endpoint,
+) -> Result<rdma_verbs::qp::AddressVector, Failed> {
+    use rdma_verbs::qp::{AddressVector, GlobalRoute};
+    let mut av = AddressVector::new(env.port).dlid(ep.lid);
+    if !ep.gid.is_zero() {
+        let idx = env
+            .ctx
+            .gid_table()?
+            .into_iter()
+            .find(|e| e.gid == ep.gid)
+            .map(|e| e.index as u8)
+            .unwrap_or(0);
+        av = av.global(GlobalRoute::new(ep.gid, idx).hop_limit(64));
+    }
+    Ok(av)
+}

@@ -568,17 +568,7 @@ fn ud_with_ah(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
     let o = opts(env, AccessFlags::empty());
     let eb = p.b.local_endpoint(&o, Psn::new(1)?)?;
-    let mut av = AddressVector::new(env.port).dlid(eb.lid);
-    if !eb.gid.is_zero() {
-        let idx = env
-            .ctx
-            .gid_table()?
-            .into_iter()
-            .find(|e| e.gid == eb.gid)
-            .map(|e| e.index as u8)
-            .unwrap_or(0);
-        av = av.global(GlobalRoute::new(eb.gid, idx).hop_limit(64));
-    }
+    let av = crate::common::ud_av(env, &eb)?;
     let ah = p.pd.create_ah(&av)?;
     let mut bufs = chunks(&p, 2, 1024 + 40)?;
     let mut send = bufs.pop().unwrap();

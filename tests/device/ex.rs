@@ -66,6 +66,28 @@ fn ex_pair(
     Ok(ExPair { pd, cq, a, b })
 }
 
+/// Two connected RC QPs that post SEND only.
+fn send_pair(env: &Env) -> Result<ExPair, Failed> {
+    ex_pair(
+        env,
+        QpType::Rc,
+        SendOpsFlags::SEND,
+        QpCaps::default(),
+        AccessFlags::empty(),
+    )
+}
+
+/// Posts `n` 64-byte receives on `p.b` (wr_ids 0..n).
+fn post_recvs(p: &mut ExPair, n: usize) -> Result<(), Failed> {
+    let bufs = chunks(&p.pd, n, 64)?;
+    p.b.post_recv(
+        bufs.into_iter()
+            .enumerate()
+            .map(|(i, c)| RecvWr::new(i as u64).sge(c)),
+    )?;
+    Ok(())
+}
+
 fn chunks(pd: &ProtectionDomain, n: usize, len: usize) -> Result<Vec<Chunk>, Failed> {
     Ok(pd.alloc_chunks(n, len, AccessFlags::LOCAL_WRITE)?)
 }
@@ -305,17 +327,7 @@ fn ud_batch(env: &Env) -> Result<(), Failed> {
     )?;
     let o = opts(env, AccessFlags::empty());
     let eb = p.b.local_endpoint(&o, Psn::new(1)?)?;
-    let mut av = AddressVector::new(env.port).dlid(eb.lid);
-    if !eb.gid.is_zero() {
-        let idx = env
-            .ctx
-            .gid_table()?
-            .into_iter()
-            .find(|e| e.gid == eb.gid)
-            .map(|e| e.index as u8)
-            .unwrap_or(0);
-        av = av.global(GlobalRoute::new(eb.gid, idx).hop_limit(64));
-    }
+    let av = crate::common::ud_av(env, &eb)?;
     let ah = p.pd.create_ah(&av)?;
     let mut bufs = chunks(&p.pd, 3, 1024 + 40)?;
     let mut send = bufs.pop().unwrap();
@@ -509,12 +521,7 @@ fn abort_returns(env: &Env) -> Result<(), Failed> {
         QpCaps::default(),
         AccessFlags::empty(),
     )?;
-    p.b.post_recv(
-        chunks(&p.pd, 3, 64)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| RecvWr::new(i as u64).sge(c)),
-    )?;
+    post_recvs(&mut p, 3)?;
     let bufs = chunks(&p.pd, 3, 64)?;
     let addrs: Vec<u64> = bufs.iter().map(Chunk::addr).collect();
     let mut batch = p.a.start_batch()?;
@@ -560,13 +567,7 @@ fn abort_returns(env: &Env) -> Result<(), Failed> {
 }
 
 fn drop_aborts(env: &Env) -> Result<(), Failed> {
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        QpCaps::default(),
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env)?;
     p.b.post_recv([RecvWr::new(1).sge(chunks(&p.pd, 1, 64)?.remove(0))])?;
     {
         let mut batch = p.a.start_batch()?;
@@ -601,13 +602,7 @@ fn drop_aborts(env: &Env) -> Result<(), Failed> {
 }
 
 fn refused_keeps_open(env: &Env) -> Result<(), Failed> {
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        QpCaps::default(),
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env)?;
     p.b.post_recv([RecvWr::new(1).sge(chunks(&p.pd, 1, 64)?.remove(0))])?;
     let other_pd = env.ctx.alloc_pd()?;
     let long = vec![7u8; p.a.caps().max_inline_data as usize + 1];
@@ -673,12 +668,7 @@ fn full_queue(env: &Env) -> Result<(), Failed> {
         AccessFlags::empty(),
     )?;
     let room = p.a.caps().max_send_wr as usize;
-    p.b.post_recv(
-        chunks(&p.pd, room, 64)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| RecvWr::new(i as u64).sge(c)),
-    )?;
+    post_recvs(&mut p, room)?;
     let mut batch = p.a.start_batch()?;
     for (i, c) in chunks(&p.pd, room, 64)?.into_iter().enumerate() {
         batch.post(SendWr::new(i as u64, SendOp::Send).sge_len(c, 8))?;
@@ -703,13 +693,7 @@ fn full_queue(env: &Env) -> Result<(), Failed> {
 }
 
 fn empty_batch(env: &Env) -> Result<(), Failed> {
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        QpCaps::default(),
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env)?;
     for _ in 0..3 {
         p.a.start_batch()?.complete()?;
     }
@@ -720,19 +704,8 @@ fn empty_batch(env: &Env) -> Result<(), Failed> {
 }
 
 fn mixed_paths(env: &Env) -> Result<(), Failed> {
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        QpCaps::default(),
-        AccessFlags::empty(),
-    )?;
-    p.b.post_recv(
-        chunks(&p.pd, 6, 64)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| RecvWr::new(i as u64).sge(c)),
-    )?;
+    let mut p = send_pair(env)?;
+    post_recvs(&mut p, 6)?;
     let mut bufs = chunks(&p.pd, 6, 64)?;
     // basic (unsignalled), batch (unsignalled), basic, batch (signalled):
     // one completion at the end ends all of them, oldest first.
@@ -771,13 +744,7 @@ fn mixed_paths(env: &Env) -> Result<(), Failed> {
 }
 
 fn reset_returns(env: &Env) -> Result<(), Failed> {
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        QpCaps::default(),
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env)?;
     // No receive at the peer: the sends wait (RNR) and never complete
     // before the reset.
     let bufs = chunks(&p.pd, 2, 64)?;
@@ -813,13 +780,7 @@ fn reset_returns(env: &Env) -> Result<(), Failed> {
 /// fail after the requests are in the ring. The failure must not hand the
 /// chunks back: they stay outstanding until RESET proves the device done.
 fn failed_complete_in_doubt(env: &Env) -> Result<(), Failed> {
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        QpCaps::default(),
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env)?;
     let mut attr = rdma_verbs::sys::ibv_qp_attr {
         qp_state: rdma_verbs::sys::ibv_qp_state::IBV_QPS_RESET,
         ..Default::default()
