@@ -180,26 +180,36 @@ pub(crate) struct MwLoan {
 
 impl MwLoan {
     /// Puts the window back as it was: the request did not run.
-    fn undo(&mut self) {
+    ///
+    /// `seen` says whether the device saw the request (a failed or flushed
+    /// completion) or not (an aborted batch). In the first case the region
+    /// the slot held meanwhile is kept until the window is deallocated: a
+    /// later bind of a type 1 window on another QP may have run and reach
+    /// it (holding longer is always safe; each region is held once).
+    fn undo(&mut self, seen: bool) {
         self.settled = true;
         let mut s = slot(&self.mw);
         s.state = self.old_state;
         let newer = std::mem::replace(&mut s.bound, self.old.take());
-        // A bind's region: the window never reached it.
-        drop(newer);
+        if let Some(n) = newer.filter(|_| seen) {
+            let held = s.bound.iter().chain(&s.stale).any(|m| Arc::ptr_eq(m, &n));
+            if !held {
+                s.stale.push(n);
+            }
+        }
         self.mw.keep().rkey.store(self.old_rkey, Ordering::Relaxed);
     }
 
     /// The request never reached the device (an aborted batch, no room).
     pub(crate) fn restore(mut self) {
-        self.undo();
+        self.undo(false);
     }
 
     /// The request's completion (or a later one) was reclaimed: it ran
     /// (`ran`), or it failed or was flushed and did not.
     pub(crate) fn settle(&mut self, ran: bool) {
         if !ran {
-            self.undo();
+            self.undo(true);
             return;
         }
         self.settled = true;
@@ -223,7 +233,10 @@ impl Drop for MwLoan {
         let mut s = slot(&self.mw);
         s.state = MwState::Unknown;
         if let Some(old) = self.old.take() {
-            s.stale.push(old);
+            let held = s.bound.iter().chain(&s.stale).any(|m| Arc::ptr_eq(m, &old));
+            if !held {
+                s.stale.push(old);
+            }
         }
     }
 }
