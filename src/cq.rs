@@ -457,9 +457,9 @@ impl WorkCompletion {
     /// knows its device and transport and reads both.
     #[inline]
     pub fn invalidated_rkey(&self) -> Option<u32> {
-        // SAFETY: both union members are plain u32s.
-        let raw = unsafe { self.0.__bindgen_anon_1.invalidated_rkey };
-        self.flags().contains(WcFlags::WITH_INV).then_some(raw)
+        self.flags()
+            .contains(WcFlags::WITH_INV)
+            .then(|| self.ex_data())
     }
 
     /// The raw `imm_data`/`invalidate_rkey` union, whatever the flags say.

@@ -965,17 +965,8 @@ impl<F: FieldSet> PolledWc<'_, F> {
         if !self.flags().contains(WcFlags::WITH_INV) {
             return None;
         }
-        Some(self.ex_data())
-    }
-
-    /// The raw `imm_data`/`invalidate_rkey` word, whatever the flags say.
-    #[inline]
-    fn ex_data(&self) -> u32
-    where
-        F: WithImm,
-    {
-        // SAFETY: as in `imm_data` (the C reads through read_imm_data).
-        unsafe { sys::ibv_wc_read_invalidated_rkey(self.raw()) }
+        // The set has imm (`F: WithImm`), so this reads the word.
+        Some(Completion::inv_word(self))
     }
 
     /// The local QP number (`ibv_wc_read_qp_num`).

@@ -645,11 +645,11 @@ impl QueuePair {
                             send_flags: flags,
                             bind_info: info,
                         };
-                        // SAFETY: live QP and window of one PD (checked); the
-                        // region `info.mr` is live and held by the window from
-                        // now on (`lend_bind`); `mw` is borrowed mutably, so
-                        // nothing else reads or writes the window's fields
-                        // during the call.
+                        // Live QP and window of one PD (checked); the region
+                        // `info.mr` is live and held by the window from now on
+                        // (`lend_bind`); `mw` is borrowed mutably, so nothing
+                        // else reads or writes the window's fields.
+                        // SAFETY: see above.
                         unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
                     },
                 )?;
@@ -660,10 +660,7 @@ impl QueuePair {
                 Ok(rkey)
             }
             MwType::Type2 => {
-                let current = mw.rkey();
-                // SAFETY: `ibv_inc_rkey` is a pure function.
-                let rkey = unsafe { sys::ibv_inc_rkey(current) };
-                let loan = mw.lend_bind(bind.mr, rkey);
+                let (_, current, rkey, loan) = internal::lend_type2_bind(mw, bind.mr);
                 self.post_one_loan(
                     verb,
                     bind.wr_id,
@@ -828,8 +825,8 @@ pub(crate) mod internal {
     use super::*;
     pub(crate) use super::{check_bind, check_invalidate, restore, set_current_rkey};
 
-    /// The raw window, its rkey before the bind, the new rkey, and the
-    /// loan for a type 2 bind in a batch.
+    /// The raw window, its rkey before the bind, the new rkey
+    /// (`ibv_inc_rkey` of the old one), and the loan of a type 2 bind.
     pub(crate) fn lend_type2_bind(
         mw: &mut MemoryWindow,
         mr: &MemoryRegion,

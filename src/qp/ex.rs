@@ -1,7 +1,9 @@
 //! Extended queue pairs (`ibv_create_qp_ex`) and the `ibv_wr_*` batch: see [`WrBatch`].
 use std::ptr::NonNull;
 
-use super::post::{fail, give_owned, send_state_error, SendCheck, SendOp, SendWr, MAX_SGE};
+use super::post::{
+    fail, give_owned, send_queue_full, send_state_error, SendCheck, SendOp, SendWr, MAX_SGE,
+};
 use super::{Completed, PostError, QpInitAttr, QpType, QueuePair};
 use crate::device_attr::{AtomicCap, DeviceCapFlags};
 use crate::error::{check_ptr, Error, Result};
@@ -391,13 +393,7 @@ impl WrBatch<'_> {
     fn check_room(&self, verb: &'static str) -> Result<()> {
         let ledger = &self.qp.pending().send;
         if ledger.room() == 0 {
-            return Err(Error::invalid(
-                verb,
-                format!(
-                    "1 request but the send queue has room for 0 ({} outstanding)",
-                    ledger.len()
-                ),
-            ));
+            return Err(send_queue_full(verb, 1, 0, ledger.len()));
         }
         Ok(())
     }
@@ -434,15 +430,10 @@ impl WrBatch<'_> {
         // The raw entries, on the stack; the provider copies them into the
         // request during the setter call.
         let mut sge = [sys::ibv_sge::default(); MAX_SGE];
-        let n = wr.sges.n;
-        for (i, s) in sge.iter_mut().enumerate().take(n) {
-            if let Some(c) = wr.sges.entry(i) {
-                *s = sys::ibv_sge {
-                    addr: c.addr(),
-                    length: wr.sges.lens[i],
-                    lkey: c.lkey(),
-                };
-            }
+        let mut n = 0;
+        for (s, raw) in sge.iter_mut().zip(wr.sges.raw_entries()) {
+            *s = raw;
+            n += 1;
         }
         let inline = wr.inline;
         let ud = wr
@@ -538,7 +529,7 @@ impl WrBatch<'_> {
                 .and_then(|()| self.check_room(VERB))
         };
         refused.map_err(|e| fail(e, 0, Vec::new()))?;
-        let (raw_mw, current, rkey, loan) = mw::lend_type2_bind(mw, bind_region(bind));
+        let (raw_mw, current, rkey, loan) = mw::lend_type2_bind(mw, bind.region());
         let tag = self.lend(VERB, bind.wr_id_value(), loan)?;
         // SAFETY: `raw_mw` is `mw`'s, borrowed mutably for this call.
         unsafe { mw::set_current_rkey(raw_mw, current) };
@@ -653,11 +644,6 @@ impl WrBatch<'_> {
         undone.reverse();
         undone
     }
-}
-
-/// The region a bind names.
-fn bind_region<'a>(bind: &MwBind<'a>) -> &'a crate::MemoryRegion {
-    bind.region()
 }
 
 impl Drop for WrBatch<'_> {

@@ -332,15 +332,19 @@ impl Sges {
     /// Appends a raw entry for each chunk to `out`.
     #[inline]
     fn raw_into(&self, out: &mut Vec<sys::ibv_sge>) {
-        for i in 0..self.n {
-            if let Some(c) = self.entry(i) {
-                out.push(sys::ibv_sge {
-                    addr: c.addr(),
-                    length: self.lens[i],
-                    lkey: c.lkey(),
-                });
-            }
-        }
+        out.extend(self.raw_entries());
+    }
+
+    /// The raw entry of each chunk, in order.
+    #[inline]
+    pub(super) fn raw_entries(&self) -> impl Iterator<Item = sys::ibv_sge> + '_ {
+        (0..self.n).filter_map(|i| {
+            self.entry(i).map(|c| sys::ibv_sge {
+                addr: c.addr(),
+                length: self.lens[i],
+                lkey: c.lkey(),
+            })
+        })
     }
 
     /// The entry checks every request gets before any call: no chunk past
@@ -777,6 +781,15 @@ pub(crate) fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostErr
     }
 }
 
+/// The refusal of `n` send requests when the send queue has room for
+/// `room` with `held` outstanding.
+pub(super) fn send_queue_full(verb: &'static str, n: usize, room: usize, held: usize) -> Error {
+    Error::invalid(
+        verb,
+        format!("{n} request(s) but the send queue has room for {room} ({held} outstanding)"),
+    )
+}
+
 /// The refusal of a send in `state` (sends need RTS, SQD, SQE or ERR).
 #[inline]
 pub(super) fn send_state_error(verb: &'static str, state: QpState) -> Option<Error> {
@@ -811,10 +824,7 @@ impl QueuePair {
             Err(loan) => {
                 undo(loan);
                 let error = if room == 0 {
-                    Error::invalid(
-                        verb,
-                        format!("1 request but the send queue has room for 0 ({held} outstanding)"),
-                    )
+                    send_queue_full(verb, 1, room, held)
                 } else {
                     Error::TagsExhausted { verb }
                 };
@@ -1027,12 +1037,7 @@ impl QueuePair {
             raw_send,
             |wr| (wr.wr_id, wr.lend()),
             |loan: SendLoan, out| give_owned(loan.0, out),
-            |n, room, held| {
-                Error::invalid(
-                    VERB,
-                    format!("{n} request(s) but the send queue has room for {room} ({held} outstanding)"),
-                )
-            },
+            |n, room, held| send_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // `chain` is a NULL-terminated chain whose sg_lists point
                 // into the scratch entries, both unchanged until the call
@@ -1176,7 +1181,8 @@ impl QueuePair {
             return 0;
         }
         let tag = wc.tag();
-        let n = match Kind::of(tag) {
+        let kind = Kind::of(tag);
+        let n = match kind {
             Some(Kind::Send) => {
                 let ok = wc.succeeded();
                 self.pending_mut().send.complete(tag, |mut r| {
@@ -1198,7 +1204,7 @@ impl QueuePair {
             }),
             None => 0,
         };
-        if n > 0 && matches!(Kind::of(tag), Some(Kind::Recv | Kind::Srq)) {
+        if n > 0 && matches!(kind, Some(Kind::Recv | Kind::Srq)) {
             if let Some(rkey) = self.invalidated_rkey(wc) {
                 crate::mw::invalidated_by_peer(self.pd(), rkey);
             }
