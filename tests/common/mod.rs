@@ -332,3 +332,20 @@ pub fn ud_av(
     }
     Ok(av)
 }
+
+/// Reclaims `wc` on whichever of `qps` it belongs to (a basic or an
+/// extended CQ's completion): the ended requests' `(wr_id, chunk)` pairs.
+#[allow(dead_code)]
+pub fn reclaim_on<C: rdma_verbs::qp::Completion + ?Sized>(
+    qps: &mut [&mut rdma_verbs::QueuePair],
+    wc: &C,
+) -> Vec<(u64, rdma_verbs::Chunk)> {
+    let mut back = Vec::new();
+    for qp in qps.iter_mut() {
+        qp.reclaim(wc, |done| {
+            let id = done.wr_id;
+            back.extend(done.chunks().map(|c| (id, c)));
+        });
+    }
+    back
+}

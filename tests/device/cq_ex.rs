@@ -106,17 +106,7 @@ fn drain<F: FieldSet>(
     Ok(batches)
 }
 
-/// Reclaims `wc` on whichever of `qps` it belongs to: (wr_id, chunk) pairs.
-fn reclaim<F: FieldSet>(qps: &mut [&mut QueuePair], wc: &PolledWc<'_, F>) -> Vec<(u64, Chunk)> {
-    let mut back = Vec::new();
-    for qp in qps.iter_mut() {
-        qp.reclaim(wc, |done| {
-            let id = done.wr_id;
-            back.extend(done.chunks().map(|c| (id, c)));
-        });
-    }
-    back
-}
+use crate::common::reclaim_on as reclaim;
 
 fn chunks(pd: &ProtectionDomain, n: usize, len: usize) -> Result<Vec<Chunk>, Failed> {
     Ok(pd.alloc_chunks(n, len, AccessFlags::LOCAL_WRITE)?)

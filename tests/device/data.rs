@@ -8,7 +8,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
     AccessFlags, AsyncEvent, Chunk, CompletionChannel, Error, QpInitAttr, QpState, QpType,
-    QueuePair, SharedChunk, WcOpcode, WcStatus, WorkCompletion,
+    SharedChunk, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::common::{opts, pair, poll_n, Env, Pair, TestFn};
@@ -50,18 +50,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ),
 ];
 
-/// Reclaims `wc` on whichever QP it belongs to; returns the chunks with
-/// their wr_ids.
-fn reclaim(qps: &mut [&mut QueuePair], wc: &WorkCompletion) -> Vec<(u64, Chunk)> {
-    let mut back = Vec::new();
-    for qp in qps.iter_mut() {
-        qp.reclaim(wc, |done| {
-            let id = done.wr_id;
-            back.extend(done.chunks().map(|c| (id, c)));
-        });
-    }
-    back
-}
+use crate::common::reclaim_on as reclaim;
 
 fn chunks(p: &Pair, n: usize, len: usize) -> Result<Vec<Chunk>, Failed> {
     Ok(p.pd.alloc_chunks(n, len, AccessFlags::LOCAL_WRITE)?)

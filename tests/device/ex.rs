@@ -66,13 +66,13 @@ fn ex_pair(
     Ok(ExPair { pd, cq, a, b })
 }
 
-/// Two connected RC QPs that post SEND only.
-fn send_pair(env: &Env) -> Result<ExPair, Failed> {
+/// Two connected RC QPs with `caps` that post SEND only.
+fn send_pair(env: &Env, caps: QpCaps) -> Result<ExPair, Failed> {
     ex_pair(
         env,
         QpType::Rc,
         SendOpsFlags::SEND,
-        QpCaps::default(),
+        caps,
         AccessFlags::empty(),
     )
 }
@@ -430,13 +430,7 @@ fn several_entries(env: &Env) -> Result<(), Failed> {
         max_send_sge: 3,
         ..QpCaps::default()
     };
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        caps,
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env, caps)?;
     let mut bufs = chunks(&p.pd, 4, 64)?;
     let dst =
         p.pd.alloc_chunks(1, 512, AccessFlags::LOCAL_WRITE)?
@@ -567,7 +561,7 @@ fn abort_returns(env: &Env) -> Result<(), Failed> {
 }
 
 fn drop_aborts(env: &Env) -> Result<(), Failed> {
-    let mut p = send_pair(env)?;
+    let mut p = send_pair(env, QpCaps::default())?;
     p.b.post_recv([RecvWr::new(1).sge(chunks(&p.pd, 1, 64)?.remove(0))])?;
     {
         let mut batch = p.a.start_batch()?;
@@ -602,7 +596,7 @@ fn drop_aborts(env: &Env) -> Result<(), Failed> {
 }
 
 fn refused_keeps_open(env: &Env) -> Result<(), Failed> {
-    let mut p = send_pair(env)?;
+    let mut p = send_pair(env, QpCaps::default())?;
     p.b.post_recv([RecvWr::new(1).sge(chunks(&p.pd, 1, 64)?.remove(0))])?;
     let other_pd = env.ctx.alloc_pd()?;
     let long = vec![7u8; p.a.caps().max_inline_data as usize + 1];
@@ -660,13 +654,7 @@ fn full_queue(env: &Env) -> Result<(), Failed> {
         max_send_wr: 4,
         ..QpCaps::default()
     };
-    let mut p = ex_pair(
-        env,
-        QpType::Rc,
-        SendOpsFlags::SEND,
-        caps,
-        AccessFlags::empty(),
-    )?;
+    let mut p = send_pair(env, caps)?;
     let room = p.a.caps().max_send_wr as usize;
     post_recvs(&mut p, room)?;
     let mut batch = p.a.start_batch()?;
@@ -693,7 +681,7 @@ fn full_queue(env: &Env) -> Result<(), Failed> {
 }
 
 fn empty_batch(env: &Env) -> Result<(), Failed> {
-    let mut p = send_pair(env)?;
+    let mut p = send_pair(env, QpCaps::default())?;
     for _ in 0..3 {
         p.a.start_batch()?.complete()?;
     }
@@ -704,7 +692,7 @@ fn empty_batch(env: &Env) -> Result<(), Failed> {
 }
 
 fn mixed_paths(env: &Env) -> Result<(), Failed> {
-    let mut p = send_pair(env)?;
+    let mut p = send_pair(env, QpCaps::default())?;
     post_recvs(&mut p, 6)?;
     let mut bufs = chunks(&p.pd, 6, 64)?;
     // basic (unsignalled), batch (unsignalled), basic, batch (signalled):
@@ -744,7 +732,7 @@ fn mixed_paths(env: &Env) -> Result<(), Failed> {
 }
 
 fn reset_returns(env: &Env) -> Result<(), Failed> {
-    let mut p = send_pair(env)?;
+    let mut p = send_pair(env, QpCaps::default())?;
     // No receive at the peer: the sends wait (RNR) and never complete
     // before the reset.
     let bufs = chunks(&p.pd, 2, 64)?;
@@ -780,7 +768,7 @@ fn reset_returns(env: &Env) -> Result<(), Failed> {
 /// fail after the requests are in the ring. The failure must not hand the
 /// chunks back: they stay outstanding until RESET proves the device done.
 fn failed_complete_in_doubt(env: &Env) -> Result<(), Failed> {
-    let mut p = send_pair(env)?;
+    let mut p = send_pair(env, QpCaps::default())?;
     let mut attr = rdma_verbs::sys::ibv_qp_attr {
         qp_state: rdma_verbs::sys::ibv_qp_state::IBV_QPS_RESET,
         ..Default::default()
