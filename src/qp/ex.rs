@@ -74,7 +74,7 @@ impl SendOpsFlags {
     }
 
     /// The flag of `op`.
-    fn of(op: &SendOp) -> Self {
+    pub(crate) fn of(op: &SendOp) -> Self {
         match op {
             SendOp::Send => Self::SEND,
             SendOp::SendWithImm(_) => Self::SEND_WITH_IMM,

@@ -81,6 +81,7 @@
 use std::ffi::c_int;
 use std::fmt;
 
+use super::ex::SendOpsFlags;
 use super::ledger::{Kind, Ledger};
 use super::values::{QKey, QpNum};
 use super::{QpCaps, QpState, QpType, QueuePair};
@@ -862,18 +863,9 @@ impl SendCheck {
         const VERB: &str = "ibv_post_send";
         let t = self.qp_type;
         let op = &wr.op;
-        let allowed = match t {
-            QpType::Ud | QpType::RawPacket => matches!(op, SendOp::Send | SendOp::SendWithImm(_)),
-            QpType::Uc => matches!(
-                op,
-                SendOp::Send
-                    | SendOp::SendWithImm(_)
-                    | SendOp::SendWithInv(_)
-                    | SendOp::RdmaWrite(_)
-                    | SendOp::RdmaWriteWithImm(..)
-            ),
-            _ => true,
-        };
+        // One list of what each transport can post, shared with the
+        // extended path's `send_ops` check.
+        let allowed = SendOpsFlags::for_transport(t).contains(SendOpsFlags::of(op));
         if !allowed {
             return Err(Error::invalid(
                 VERB,
@@ -1000,7 +992,8 @@ impl QueuePair {
     /// (or a RESET, or destruction) hands them back. Refused before the
     /// call, with every chunk handed back in the error: a QP whose known
     /// [`state`](Self::state) is RESET, INIT or RTR (sends need RTS, SQD,
-    /// SQE or ERR), operations the QP type cannot do, UD destinations,
+    /// SQE or ERR), operations the QP type cannot do (those outside
+    /// [`SendOpsFlags::for_transport`]), UD destinations,
     /// entry counts against `max_send_sge` and [`MAX_SGE`], inline sizes
     /// against `max_inline_data`, atomics' 8-byte entry and alignment,
     /// chunks and address handles of another PD, and no room in the send
