@@ -4,7 +4,7 @@ use std::ffi::{c_int, OsString};
 use std::fmt;
 use std::ops::RangeInclusive;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::device::{DeviceList, ListInner};
 use crate::device_attr::DeviceAttr;
@@ -32,6 +32,11 @@ pub(crate) struct ContextData {
     attr: DeviceAttr,
     /// What the validator reads of each port, without a call.
     ports: PortCache,
+    /// The memory windows allocated on the context (weakly), so that a
+    /// peer's invalidation seen in a receive completion reaches the window
+    /// its rkey names, whichever PD, QP or SRQ the completion came through
+    /// (rkeys are unique on a device).
+    windows: Mutex<Vec<Weak<crate::mw::MwInner>>>,
 }
 
 impl ContextData {
@@ -42,6 +47,7 @@ impl ContextData {
             name,
             attr,
             ports,
+            windows: Mutex::new(Vec::new()),
         }
     }
 }
@@ -438,6 +444,23 @@ impl Context {
     /// with the `cm` feature).
     pub fn same_as(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Records a memory window allocated on this context (dropping the
+    /// records of windows gone).
+    pub(crate) fn add_window(&self, mw: &Arc<crate::mw::MwInner>) {
+        let mut w = self.windows();
+        w.retain(|x| x.strong_count() > 0);
+        w.push(Arc::downgrade(mw));
+    }
+
+    /// The records of the memory windows allocated on this context.
+    pub(crate) fn windows(&self) -> MutexGuard<'_, Vec<Weak<crate::mw::MwInner>>> {
+        self.inner
+            .keep()
+            .windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -49,9 +49,9 @@
 //! or a later one of its send queue, reclaimed with success), invalidating,
 //! or unknown (a bind or invalidation handed back by a RESET or the QP's
 //! destruction, which may or may not have run). [`reclaim`](QueuePair::reclaim)
-//! moves it along, and a reclaimed receive that reports a peer's
-//! invalidation ([`QueuePair::invalidated_rkey`]) frees the window of the
-//! QP's PD with that rkey. A type 2 bind needs a free (or unknown) window,
+//! moves it along, and a receive reclaimed on a QP or an SRQ that reports
+//! a peer's invalidation ([`QueuePair::invalidated_rkey`]) frees the window
+//! of the context with that rkey. A type 2 bind needs a free (or unknown) window,
 //! as the verbs require; a local invalidation needs a *bound* one, because
 //! rxe on Linux 6.1 dereferences the NULL QP and region of a free window
 //! when asked to invalidate it (`rxe_do_invalidate_mw`) and the machine
@@ -76,6 +76,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::context::Context;
 use crate::device_attr::{AtomicCap, DeviceCapFlags};
 use crate::error::{check_ptr, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
@@ -319,7 +320,7 @@ impl MemoryWindow {
         };
         // SAFETY: a fresh window owned by nobody else; it keeps its PD alive.
         let inner = Arc::new(unsafe { Owned::new(raw, keep) });
-        pd.add_window(&inner);
+        pd.context().add_window(&inner);
         Ok(MemoryWindow { inner, ty })
     }
 
@@ -744,25 +745,51 @@ impl QueuePair {
     /// [`PolledWc`](crate::PolledWc) of an extended CQ created with
     /// [`imm`](crate::CqExBuilder::imm) (without it: `None`).
     pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
-        // One read (the flags) in the common case: no invalidation.
-        let flags = wc.inv_flags()?;
-        if flags.contains(crate::WcFlags::WITH_INV) {
-            return Some(wc.inv_word());
-        }
-        let rxe_inv = flags.contains(crate::WcFlags::IP_CSUM_OK)
-            && wc.succeeded()
-            && matches!(self.qp_type(), QpType::Rc | QpType::Uc)
-            && wc.wc_opcode() == Ok(crate::WcOpcode::Recv)
-            && self.pd().context().is_rxe();
-        rxe_inv.then(|| wc.inv_word())
+        let connected = matches!(self.qp_type(), QpType::Rc | QpType::Uc);
+        peer_invalidated(self.pd().context(), wc, connected)
     }
 }
 
+impl crate::SharedReceiveQueue {
+    /// The rkey that receive completion `wc` of this SRQ invalidated (a
+    /// peer's [`SendOp::SendWithInv`](crate::qp::SendOp::SendWithInv)), or
+    /// `None`: as [`QueuePair::invalidated_rkey`], for receives taken from
+    /// the SRQ by any of its QPs. On rxe the kernel's
+    /// `IB_WC_WITH_INVALIDATE` bit is the only one it puts at `1 << 2` in a
+    /// user-space receive completion (rxe_resp.c sets `GRH`, `WITH_IMM` and
+    /// `WITH_INVALIDATE` there), so it is read whatever the QP's type.
+    pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
+        peer_invalidated(self.pd().context(), wc, true)
+    }
+}
+
+/// The rkey a peer's SEND_WITH_INV invalidated, as receive completion `wc`
+/// of a QP (`connected`: RC or UC) on `ctx` reports it: `IBV_WC_WITH_INV`,
+/// or on rxe the kernel-numbered bit (see [`QueuePair::invalidated_rkey`]).
+fn peer_invalidated<C: crate::qp::Completion + ?Sized>(
+    ctx: &Context,
+    wc: &C,
+    connected: bool,
+) -> Option<u32> {
+    // One read (the flags) in the common case: no invalidation.
+    let flags = wc.inv_flags()?;
+    if flags.contains(crate::WcFlags::WITH_INV) {
+        return Some(wc.inv_word());
+    }
+    let rxe_inv = flags.contains(crate::WcFlags::IP_CSUM_OK)
+        && connected
+        && wc.succeeded()
+        && wc.wc_opcode() == Ok(crate::WcOpcode::Recv)
+        && ctx.is_rxe();
+    rxe_inv.then(|| wc.inv_word())
+}
+
 /// A peer's SEND_WITH_INV invalidated `rkey` (seen in a receive reclaimed
-/// on a QP of `pd`): the window of `pd` with that rkey, if bound, is free,
-/// and lets go of its region.
-pub(crate) fn invalidated_by_peer(pd: &ProtectionDomain, rkey: u32) {
-    let windows: Vec<Arc<MwInner>> = pd.windows().iter().filter_map(|w| w.upgrade()).collect();
+/// on a QP or SRQ of `ctx`): the window with that rkey, if bound, is free,
+/// and lets go of its region. Windows are looked up on the context, not a
+/// PD: the window is in the receiving QP's PD, which an SRQ's may not be.
+pub(crate) fn invalidated_by_peer(ctx: &Context, rkey: u32) {
+    let windows: Vec<Arc<MwInner>> = ctx.windows().iter().filter_map(|w| w.upgrade()).collect();
     for mw in windows {
         if mw.keep().rkey.load(Ordering::Relaxed) == rkey {
             let mut s = slot(&mw);

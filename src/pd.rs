@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::{check_ptr, Result};
@@ -18,12 +18,9 @@ impl RawObject for sys::ibv_pd {
     }
 }
 
-/// What a PD keeps: its context, and the memory windows allocated in it
-/// (weakly), so that a peer's invalidation seen in a completion reaches
-/// the window it names.
+/// What a PD keeps: its context.
 pub(crate) struct PdKeep {
     ctx: Context,
-    windows: Mutex<Vec<Weak<crate::mw::MwInner>>>,
 }
 
 pub(crate) type PdInner = Owned<sys::ibv_pd, PdKeep>;
@@ -63,10 +60,7 @@ impl ProtectionDomain {
     pub fn new(ctx: &Context) -> Result<Self> {
         // SAFETY: the context is live for the call.
         let raw = check_ptr("ibv_alloc_pd", unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) })?;
-        let keep = PdKeep {
-            ctx: ctx.clone(),
-            windows: Mutex::new(Vec::new()),
-        };
+        let keep = PdKeep { ctx: ctx.clone() };
         // SAFETY: `raw` is a fresh PD owned by nobody else; it keeps `ctx` alive.
         let inner = unsafe { Owned::new(raw, keep) };
         Ok(ProtectionDomain {
@@ -81,23 +75,6 @@ impl ProtectionDomain {
     /// The context the PD belongs to.
     pub fn context(&self) -> &Context {
         &self.inner.keep().ctx
-    }
-
-    /// Records a window allocated in this PD (dropping records of windows
-    /// gone).
-    pub(crate) fn add_window(&self, mw: &Arc<crate::mw::MwInner>) {
-        let mut w = self.windows();
-        w.retain(|x| x.strong_count() > 0);
-        w.push(Arc::downgrade(mw));
-    }
-
-    /// The windows allocated in this PD that are still alive.
-    pub(crate) fn windows(&self) -> std::sync::MutexGuard<'_, Vec<Weak<crate::mw::MwInner>>> {
-        self.inner
-            .keep()
-            .windows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The kernel's handle of the PD (`handle`).

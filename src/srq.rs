@@ -194,13 +194,22 @@ impl SharedReceiveQueue {
 
     /// Hands back the receive that `wc` ends (a completion of any QP using
     /// this SRQ); returns 1, or 0 when `wc` is not one of this SRQ's
-    /// outstanding receives (another queue's, or already reclaimed).
+    /// outstanding receives (another queue's, or already reclaimed). A
+    /// receive that carried a peer's invalidation
+    /// ([`invalidated_rkey`](Self::invalidated_rkey)) frees the memory
+    /// window it names, as [`QueuePair::reclaim`](crate::QueuePair::reclaim) does.
     pub fn reclaim<C: crate::qp::Completion + ?Sized>(
         &self,
         wc: &C,
         f: impl FnMut(Completed),
     ) -> usize {
-        self.reclaim_tag(wc.tag(), f)
+        let n = self.reclaim_tag(wc.tag(), f);
+        if n > 0 {
+            if let Some(rkey) = self.invalidated_rkey(wc) {
+                crate::mw::invalidated_by_peer(self.pd().context(), rkey);
+            }
+        }
+        n
     }
 
     pub(crate) fn reclaim_tag(&self, tag: u64, mut f: impl FnMut(Completed)) -> usize {

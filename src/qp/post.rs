@@ -1199,7 +1199,7 @@ impl QueuePair {
         };
         if n > 0 && matches!(kind, Some(Kind::Recv | Kind::Srq)) {
             if let Some(rkey) = self.invalidated_rkey(wc) {
-                crate::mw::invalidated_by_peer(self.pd(), rkey);
+                crate::mw::invalidated_by_peer(self.pd().context(), rkey);
             }
         }
         n

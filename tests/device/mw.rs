@@ -7,7 +7,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
     AccessFlags, Chunk, Error, MemoryRegion, MemoryWindow, MwBind, MwType, ProtectionDomain,
-    QpInitAttr, QpState, QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
+    QpInitAttr, QpState, QpType, QueuePair, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::common::{connect, poll_n, Env, TestFn};
@@ -22,6 +22,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
     (
         "mw::send_with_invalidate_seen_through_an_extended_cq",
         remote_invalidate_ex_cq,
+    ),
+    (
+        "mw::send_with_invalidate_into_an_srq_of_another_pd",
+        remote_invalidate_srq,
     ),
     ("mw::type1_bind_and_access", type1),
     (
@@ -43,11 +47,19 @@ struct MwPair {
 }
 
 fn mw_pair(env: &Env) -> Result<MwPair, Failed> {
+    mw_pair_srq(env, None)
+}
+
+/// As [`mw_pair`], `a` taking its receives from `srq` if given.
+fn mw_pair_srq(env: &Env, srq: Option<&SharedReceiveQueue>) -> Result<MwPair, Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
     let attr =
         QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
+    let mut a = pd.create_qp(&match srq {
+        Some(srq) => attr.clone().srq(srq),
+        None => attr.clone(),
+    })?;
     let mut b = pd.create_qp(&attr)?;
     // The QPs' own access rights must allow what the windows grant.
     let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
@@ -285,6 +297,62 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
         !mw.is_bound() && !mw.holds_region(),
         "still bound after SEND_WITH_INV"
     );
+    let e =
+        p.a.invalidate_mw(4, &mut mw)
+            .err()
+            .ok_or("a window freed by the peer invalidated")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
+    let (st, _) = peer_read(&mut p, bind.remote_addr(), rkey, 8)?;
+    expect_refused(st, "read after SEND_WITH_INV")
+}
+
+/// A peer's SEND_WITH_INV whose receive `a` takes from an SRQ in another
+/// PD than the window's: reclaimed on the SRQ itself (not through the QP),
+/// the receive still frees the window (looked up on the context), once.
+fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
+    let srq_pd = env.ctx.alloc_pd()?;
+    let srq = srq_pd.create_srq(4, 1, 0)?;
+    let mut p = mw_pair_srq(env, Some(&srq))?;
+    let mr = window_region(&p.pd, 4096)?;
+    let mut mw = p.pd.alloc_mw(MwType::Type2)?;
+    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ).wr_id(1);
+    let rkey = p.a.bind_mw(&mut mw, &bind)?;
+    let (wc, _, _) = one(&mut p)?;
+    ensure!(wc.is_success(), "bind {wc:?}");
+    let buf = srq_pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .remove(0);
+    srq.post_recv([RecvWr::new(2).sge(buf)])?;
+    p.b.post_send([SendWr::new(3, SendOp::SendWithInv(rkey)).inline(b"")])?;
+    let wcs = poll_n(&p.cq, 2)?;
+    let recv = wcs
+        .iter()
+        .find(|w| w.qp_num() == p.a.qp_num())
+        .ok_or("no receive")?;
+    ensure!(recv.is_success(), "{recv:?}");
+    ensure!(
+        srq.invalidated_rkey(recv) == Some(rkey) && p.a.invalidated_rkey(recv) == Some(rkey),
+        "invalidated {:?} (SRQ) {:?} (QP), flags {:?}, rkey {rkey:#x}",
+        srq.invalidated_rkey(recv),
+        p.a.invalidated_rkey(recv),
+        recv.flags(),
+    );
+    ensure!(mw.is_bound(), "bound before the receive is reclaimed");
+    let mut ids = Vec::new();
+    ensure!(srq.reclaim(recv, |c| ids.push(c.wr_id)) == 1, "reclaim");
+    ensure!(ids == [2], "the SRQ handed back {ids:?}");
+    ensure!(
+        !mw.is_bound() && !mw.holds_region(),
+        "still bound after SEND_WITH_INV reclaimed on the SRQ"
+    );
+    ensure!(srq.reclaim(recv, drop) == 0, "a receive reclaimed twice");
+    ensure!(
+        p.a.reclaim(recv, drop) == 0,
+        "reclaimed again through the QP"
+    );
+    for wc in &wcs {
+        p.b.reclaim(wc, drop);
+    }
     let e =
         p.a.invalidate_mw(4, &mut mw)
             .err()
