@@ -76,23 +76,26 @@
 //!    `DONE`; server `OK`. Either side sends `FAIL reason` instead when a
 //!    step went wrong, so that both stop and say why.
 
-#[path = "common/time.rs"]
-mod time;
+#[path = "common/tcp_example.rs"]
+mod tcp_example;
 
 use std::error::Error as StdError;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::ExitCode;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RecvWr, RemoteAddr, SendOp, SendWr};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, RecvWr, RemoteAddr, SendOp, SendWr};
 use rdma_verbs::{
-    AccessFlags, Chunk, CompletionQueue, Context, MwBind, MwType, QpCaps, QpInitAttr, QpState,
-    QpType, QueuePair, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Chunk, CompletionQueue, MwBind, MwType, QpState, QueuePair, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
-type Res<T> = std::result::Result<T, Box<dyn StdError>>;
+use tcp_example::{
+    accept, be_u64, check_bytes, connect_tcp, create_rc_qp, fill, filled, fresh_psn, grant,
+    open_device, parse_grant, timeout, Res, GRANT_LEN,
+};
 
 const DEFAULT_TCP_PORT: u16 = 18518;
 /// Seeds of the patterns: the window's first contents, the bytes around
@@ -125,12 +128,6 @@ fn describe(wr_id: u64) -> &'static str {
         WR_READ_AFTER => "the RDMA read after invalidation",
         _ => "an unknown request",
     }
-}
-
-/// How long a side waits for its peer or a completion: 60 s, stretched by
-/// `RDMA_VERBS_TIME_SCALE`.
-fn timeout() -> Duration {
-    time::scaled(Duration::from_secs(60))
 }
 
 /// How the window is revoked.
@@ -176,89 +173,28 @@ impl Mode {
 }
 
 // ---------------------------------------------------------------------------
-// Patterns and checks.
-
-/// Byte `j` of the pattern with `seed` (a hash, so that patterns differ).
-fn pattern(seed: u64, j: usize) -> u8 {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ j as u64;
-    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    (x ^ (x >> 29)) as u8
-}
-
-fn filled(len: usize, seed: u64) -> Vec<u8> {
-    (0..len).map(|j| pattern(seed, j)).collect()
-}
-
-fn check_bytes(what: &str, got: &[u8], want: &[u8]) -> Res<()> {
-    match got.iter().zip(want).position(|(g, w)| g != w) {
-        None if got.len() == want.len() => Ok(()),
-        None => Err(format!("{what}: {} bytes, expected {}", got.len(), want.len()).into()),
-        Some(j) => Err(format!(
-            "{what}: byte {j} is {:#04x}, expected {:#04x}",
-            got[j], want[j]
-        )
-        .into()),
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Options.
 
 struct Options {
-    tcp_port: u16,
-    device: Option<String>,
-    ib_port: u8,
-    gid_index: Option<u8>,
-    size: usize,
+    common: tcp_example::Common,
     mode: Mode,
-    server: Option<String>,
 }
 
 const USAGE: &str = "usage: mw_invalidate [-p PORT] [-d DEVICE] [-i IB_PORT] [-g GID_INDEX] \
                      [-s SIZE] [--remote-inv | --type1] [HOST]";
 
-fn parse() -> std::result::Result<Options, String> {
-    let mut o = Options {
-        tcp_port: DEFAULT_TCP_PORT,
-        device: None,
-        ib_port: 1,
-        gid_index: None,
-        size: 4096,
-        mode: Mode::Local,
-        server: None,
-    };
+fn parse() -> std::result::Result<(Options, Option<String>), String> {
     let (mut remote_inv, mut type1) = (false, false);
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        // `--name=value` as well as `--name value`.
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or(format!("{name} needs a value"))
-        };
-        fn num<T: std::str::FromStr>(name: &str, v: String) -> std::result::Result<T, String> {
-            v.parse().map_err(|_| format!("bad value {v:?} for {name}"))
+    let (common, host) = tcp_example::parse(DEFAULT_TCP_PORT, |a| {
+        // Flags, which take no `=value` (`--type1=x` is an unknown option).
+        match a.name.as_str() {
+            "--remote-inv" if a.inline.is_none() => remote_inv = true,
+            "--type1" if a.inline.is_none() => type1 = true,
+            _ => return Ok(false),
         }
-        match name.as_str() {
-            "-p" | "--port" => o.tcp_port = num(&name, value()?)?,
-            "-d" | "--ib-dev" => o.device = Some(value()?),
-            "-i" | "--ib-port" => o.ib_port = num(&name, value()?)?,
-            "-g" | "--gid-idx" => o.gid_index = Some(num(&name, value()?)?),
-            "-s" | "--size" => o.size = num(&name, value()?)?,
-            "--remote-inv" if inline.is_none() => remote_inv = true,
-            "--type1" if inline.is_none() => type1 = true,
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            _ if o.server.is_none() => o.server = Some(arg),
-            _ => return Err(format!("unexpected argument {arg}")),
-        }
-    }
-    o.mode = match (remote_inv, type1) {
+        Ok(true)
+    })?;
+    let mode = match (remote_inv, type1) {
         (false, false) => Mode::Local,
         (true, false) => Mode::Remote,
         (false, true) => Mode::Type1,
@@ -268,64 +204,21 @@ fn parse() -> std::result::Result<Options, String> {
                 .into())
         }
     };
-    if o.size == 0 {
+    if common.size == 0 {
         return Err("--size must be at least 1".into());
     }
-    if o.size > u32::MAX as usize / 3 {
+    if common.size > u32::MAX as usize / 3 {
         return Err("--size is too large".into());
     }
-    Ok(o)
+    Ok((Options { common, mode }, host))
 }
 
 fn main() -> ExitCode {
-    let opts = match parse() {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("mw_invalidate: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = match &opts.server {
-        None => server(&opts),
-        Some(host) => client(&opts, host),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("mw_invalidate: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    tcp_example::main("mw_invalidate", USAGE, parse, server, client)
 }
 
 // ---------------------------------------------------------------------------
 // Pieces both sides use.
-
-fn open_device(o: &Options) -> Res<Context> {
-    Ok(match &o.device {
-        Some(name) => Context::open(name)?,
-        None => Context::open_first()?,
-    })
-}
-
-/// A first PSN that differs from run to run.
-fn fresh_psn() -> Psn {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    Psn::truncate(nanos ^ std::process::id().wrapping_mul(0x9e37_79b9))
-}
-
-fn be_u64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b.try_into().expect("8 bytes"))
-}
-
-fn be_u32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b.try_into().expect("4 bytes"))
-}
 
 /// The TCP connection to the peer, read line by line; a `FAIL reason`
 /// line from the peer becomes an error of ours.
@@ -528,25 +421,12 @@ fn device_state(qp: &mut QueuePair) -> Res<QpState> {
 // Server.
 
 fn server(o: &Options) -> Res<()> {
-    let ctx = open_device(o)?;
+    let ctx = open_device(&o.common)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(8)?;
-    let mut qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 1,
-        ..QpCaps::default()
-    }))?;
+    let mut qp = create_rc_qp(&pd, &cq, 4, 1)?;
 
-    let listener = TcpListener::bind(("0.0.0.0", o.tcp_port))
-        .map_err(|e| format!("cannot listen on TCP port {}: {e}", o.tcp_port))?;
-    println!(
-        "mw_invalidate: server on {} port {}, waiting on TCP port {}",
-        ctx.name(),
-        o.ib_port,
-        o.tcp_port
-    );
-    let (tcp, client) = listener.accept()?;
-    drop(listener);
+    let (tcp, client) = accept("mw_invalidate", &ctx, &o.common)?;
     let mut peer = Peer::new(tcp)?;
 
     let mut hello = [0u8; Endpoint::WIRE_LEN + 9];
@@ -555,12 +435,12 @@ fn server(o: &Options) -> Res<()> {
     let remote = Endpoint::from_wire(&hello[..w])?;
     let size = be_u64(&hello[w..w + 8]);
     let mode = Mode::from_wire(hello[w + 8]);
-    if size != o.size as u64 || mode != Some(o.mode) {
+    if size != o.common.size as u64 || mode != Some(o.mode) {
         let theirs = mode.map_or("an unknown mode", Mode::option);
         let e = format!(
             "the client {client} runs --size {size} with {theirs}, \
              this server --size {} with {}",
-            o.size,
+            o.common.size,
             o.mode.option()
         );
         return Err(peer.fail(e.into()));
@@ -577,21 +457,19 @@ fn serve(
     peer: &mut Peer,
     remote: &Endpoint,
 ) -> Res<()> {
-    let size = o.size;
+    let size = o.common.size;
     // The region: no remote rights of its own, only MW_BIND (and
     // LOCAL_WRITE, which a window with REMOTE_WRITE needs). The window is
     // its middle third.
     let len = 3 * size;
     let mut region = pd.register(len, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
-    region.write(0, &filled(len, OUTSIDE_SEED))?;
-    region.write(size, &filled(size, WINDOW_SEED))?;
+    region.write(0, &filled(len, OUTSIDE_SEED, 0))?;
+    region.write(size, &filled(size, WINDOW_SEED, 0))?;
 
     // Incoming RDMA is also gated by the QP's access flags.
     let opts = ConnectOptions {
-        port: o.ib_port,
-        gid_index: o.gid_index,
         access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        ..ConnectOptions::default()
+        ..o.common.connect_options()
     };
     let psn = fresh_psn();
     let me = qp.local_endpoint(&opts, psn)?;
@@ -643,13 +521,9 @@ fn serve(
         region.rkey()
     );
 
-    let mut reply = Vec::with_capacity(Endpoint::WIRE_LEN + 16);
-    reply.extend_from_slice(&me.to_wire());
-    reply.extend_from_slice(&addr.to_be_bytes());
-    reply.extend_from_slice(&rkey.to_be_bytes());
-    reply.extend_from_slice(&(size as u32).to_be_bytes());
+    let window = RemoteAddr { addr, rkey };
     peer.send("WINDOW")?;
-    peer.tcp.write_all(&reply)?;
+    peer.tcp.write_all(&grant(&me, window, size as u32))?;
 
     // The client reads, then writes the new pattern.
     peer.expect("WRITTEN")?;
@@ -658,9 +532,9 @@ fn serve(
     check_bytes(
         "the window after the client's write",
         &got[size..2 * size],
-        &filled(size, WRITE_SEED),
+        &filled(size, WRITE_SEED, 0),
     )?;
-    let outside = filled(len, OUTSIDE_SEED);
+    let outside = filled(len, OUTSIDE_SEED, 0);
     check_bytes(
         "the bytes before the window",
         &got[..size],
@@ -743,64 +617,38 @@ fn serve(
 // ---------------------------------------------------------------------------
 // Client.
 
-/// Connects, retrying for a while if the server is not listening yet.
-fn connect_tcp(host: &str, port: u16) -> Res<TcpStream> {
-    let deadline = Instant::now() + time::scaled(Duration::from_secs(20));
-    loop {
-        match TcpStream::connect((host, port)) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused && Instant::now() < deadline => {
-                thread::sleep(Duration::from_millis(100))
-            }
-            Err(e) => return Err(format!("cannot connect to {host}:{port}: {e}").into()),
-        }
-    }
-}
-
 fn client(o: &Options, host: &str) -> Res<()> {
-    let ctx = open_device(o)?;
+    let ctx = open_device(&o.common)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(8)?;
-    let mut qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 1,
-        ..QpCaps::default()
-    }))?;
-    let opts = ConnectOptions {
-        port: o.ib_port,
-        gid_index: o.gid_index,
-        ..ConnectOptions::default()
-    };
+    let mut qp = create_rc_qp(&pd, &cq, 4, 1)?;
+    let opts = o.common.connect_options();
     let psn = fresh_psn();
     let me = qp.local_endpoint(&opts, psn)?;
 
-    let mut peer = Peer::new(connect_tcp(host, o.tcp_port)?)?;
+    let mut peer = Peer::new(connect_tcp(host, o.common.tcp_port)?)?;
     let mut hello = Vec::with_capacity(Endpoint::WIRE_LEN + 9);
     hello.extend_from_slice(&me.to_wire());
-    hello.extend_from_slice(&(o.size as u64).to_be_bytes());
+    hello.extend_from_slice(&(o.common.size as u64).to_be_bytes());
     hello.push(o.mode.wire());
     peer.tcp.write_all(&hello)?;
 
     // The server's answer: `WINDOW` and the record, or `FAIL reason`.
     peer.expect("WINDOW")?;
-    let mut reply = [0u8; Endpoint::WIRE_LEN + 16];
+    let mut reply = [0u8; GRANT_LEN];
     peer.read_exact(&mut reply)?;
-    let w = Endpoint::WIRE_LEN;
-    let remote = Endpoint::from_wire(&reply[..w])?;
-    let window = RemoteAddr {
-        addr: be_u64(&reply[w..w + 8]),
-        rkey: be_u32(&reply[w + 8..w + 12]),
-    };
-    let len = be_u32(&reply[w + 12..w + 16]) as usize;
-    if len != o.size {
-        return Err(peer.fail(format!("the window has {len} bytes, expected {}", o.size).into()));
+    let (remote, window, len) = parse_grant(&reply)?;
+    if len != o.common.size {
+        return Err(
+            peer.fail(format!("the window has {len} bytes, expected {}", o.common.size).into())
+        );
     }
     qp.connect(&opts, psn, &remote)
         .map_err(|e| peer.fail(e.into()))?;
     println!(
         "mw_invalidate: client on {} port {}; window addr {:#x} rkey {:#x} len {len}",
         ctx.name(),
-        o.ib_port,
+        o.common.ib_port,
         window.addr,
         window.rkey
     );
@@ -818,7 +666,7 @@ fn run_client(
     peer: &mut Peer,
     window: RemoteAddr,
 ) -> Res<()> {
-    let size = o.size;
+    let size = o.common.size;
     let mut bufs = pd
         .alloc_chunks(2, size, AccessFlags::LOCAL_WRITE)?
         .into_iter();
@@ -836,14 +684,12 @@ fn run_client(
     check_bytes(
         "the read through the window",
         read_buf.as_slice(),
-        &filled(size, WINDOW_SEED),
+        &filled(size, WINDOW_SEED, 0),
     )?;
     println!("mw_invalidate: the read through the window matched: {size} bytes");
 
     // 2. Write a new pattern through it; the server checks it.
-    write_buf
-        .as_mut_slice()
-        .copy_from_slice(&filled(size, WRITE_SEED));
+    fill(write_buf.as_mut_slice(), WRITE_SEED, 0);
     qp.post_send([SendWr::new(WR_WRITE, SendOp::RdmaWrite(window)).sge(write_buf)])?;
     let d = wait_one(cq, qp, peer)?;
     d.expect(WR_WRITE, WcOpcode::RdmaWrite)?;

@@ -62,23 +62,25 @@
 //! host) unless the QP asked for the standard behaviour; a wrong byte order
 //! shows here as an error that says so.
 
-#[path = "common/time.rs"]
-mod time;
+#[path = "common/tcp_example.rs"]
+mod tcp_example;
 
-use std::error::Error as StdError;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::ExitCode;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RecvWr, RemoteAddr, SendOp, SendWr};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, RecvWr, RemoteAddr, SendOp, SendWr};
 use rdma_verbs::{
-    AccessFlags, AtomicCap, Chunk, CompletionQueue, Context, MemoryRegion, QpCaps, QpInitAttr,
-    QpType, QueuePair, WcOpcode, WorkCompletion,
+    AccessFlags, AtomicCap, Chunk, CompletionQueue, Context, MemoryRegion, QueuePair, WcOpcode,
+    WorkCompletion,
 };
 
-type Res<T> = std::result::Result<T, Box<dyn StdError>>;
+use tcp_example::{
+    accept, be_u64, check_bytes, connect_tcp, create_rc_qp, fill, filled, fresh_psn, grant,
+    parse_grant, timeout, Res, GRANT_LEN,
+};
 
 const DEFAULT_TCP_PORT: u16 = 18516;
 /// The region's header: the two counters and some bytes nobody writes.
@@ -98,12 +100,6 @@ const RECV_DEPTH: usize = 16;
 const RECV_LEN: usize = 64;
 /// How the server's answer starts when the client said it failed.
 const CLIENT_FAILED: &str = "the client failed";
-/// The longest the program waits for a completion or a message.
-/// How long a side waits for its peer: 60 s, stretched by
-/// `RDMA_VERBS_TIME_SCALE`.
-fn timeout() -> Duration {
-    time::scaled(Duration::from_secs(60))
-}
 
 // wr_ids of the client's requests, one of each per iteration.
 const WR_WRITE: u64 = 1;
@@ -127,27 +123,10 @@ fn describe(wr_id: u64) -> &'static str {
 }
 
 // ---------------------------------------------------------------------------
-// What both sides agree on: the data of every operation, from its iteration.
-
-/// Byte `j` of the data with `seed`: a hash, so that the data of every
-/// iteration differs from that of every other and from the initial fill.
-fn pattern(seed: u64, j: usize) -> u8 {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ j as u64;
-    x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    (x ^ (x >> 29)) as u8
-}
-
-fn fill(out: &mut [u8], seed: u64, first: usize) {
-    for (j, b) in out.iter_mut().enumerate() {
-        *b = pattern(seed, first + j);
-    }
-}
-
-fn filled(len: usize, seed: u64, first: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    fill(&mut v, seed, first);
-    v
-}
+// What both sides agree on: the data of every operation, from its iteration
+// (the shared pattern, with a seed of the iteration's own, so that the data
+// of every iteration differs from that of every other and from the initial
+// fill).
 
 fn write_seed(i: u64) -> u64 {
     2 * i + 1
@@ -207,127 +186,49 @@ fn check_u64(what: &str, got: u64, want: u64) -> Res<()> {
     Err(format!("{what} is {got:#018x}, expected {want:#018x}{hint}").into())
 }
 
-fn check_bytes(what: &str, got: &[u8], want: &[u8]) -> Res<()> {
-    match got.iter().zip(want).position(|(g, w)| g != w) {
-        None if got.len() == want.len() => Ok(()),
-        None => Err(format!("{what}: {} bytes, expected {}", got.len(), want.len()).into()),
-        Some(j) => Err(format!(
-            "{what}: byte {j} is {:#04x}, expected {:#04x}",
-            got[j], want[j]
-        )
-        .into()),
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Options.
 
 struct Options {
-    tcp_port: u16,
-    device: Option<String>,
-    ib_port: u8,
-    gid_index: Option<u8>,
-    size: usize,
+    common: tcp_example::Common,
     iters: u64,
-    server: Option<String>,
 }
 
 const USAGE: &str = "usage: rdma_ops [-p PORT] [-d DEVICE] [-i IB_PORT] [-g GID_INDEX] \
                      [-s SIZE] [-n ITERS] [HOST]";
 
-fn parse() -> std::result::Result<Options, String> {
-    let mut o = Options {
-        tcp_port: DEFAULT_TCP_PORT,
-        device: None,
-        ib_port: 1,
-        gid_index: None,
-        size: 4096,
-        iters: 100,
-        server: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        // `--name=value` as well as `--name value`.
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or(format!("{name} needs a value"))
-        };
-        fn num<T: std::str::FromStr>(name: &str, v: String) -> std::result::Result<T, String> {
-            v.parse().map_err(|_| format!("bad value {v:?} for {name}"))
+fn parse() -> std::result::Result<(Options, Option<String>), String> {
+    let mut iters = 100;
+    let (common, host) = tcp_example::parse(DEFAULT_TCP_PORT, |a| {
+        match a.name.as_str() {
+            "-n" | "--iters" => iters = a.num()?,
+            _ => return Ok(false),
         }
-        match name.as_str() {
-            "-p" | "--port" => o.tcp_port = num(&name, value()?)?,
-            "-d" | "--ib-dev" => o.device = Some(value()?),
-            "-i" | "--ib-port" => o.ib_port = num(&name, value()?)?,
-            "-g" | "--gid-idx" => o.gid_index = Some(num(&name, value()?)?),
-            "-s" | "--size" => o.size = num(&name, value()?)?,
-            "-n" | "--iters" => o.iters = num(&name, value()?)?,
-            "-h" | "--help" => return Err(String::new()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            _ if o.server.is_none() => o.server = Some(arg),
-            _ => return Err(format!("unexpected argument {arg}")),
-        }
-    }
-    if o.size == 0 || o.iters == 0 {
+        Ok(true)
+    })?;
+    if common.size == 0 || iters == 0 {
         return Err("--size and --iters must be at least 1".into());
     }
-    if HEADER + 2 * o.size > u32::MAX as usize {
+    if HEADER + 2 * common.size > u32::MAX as usize {
         return Err("--size is too large".into());
     }
-    Ok(o)
+    Ok((Options { common, iters }, host))
 }
 
 fn main() -> ExitCode {
-    let opts = match parse() {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("rdma_ops: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = match &opts.server {
-        None => server(&opts),
-        Some(host) => client(&opts, host),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rdma_ops: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    tcp_example::main("rdma_ops", USAGE, parse, server, client)
 }
 
 // ---------------------------------------------------------------------------
 // Pieces both sides use.
 
+/// The device, which must support atomic operations.
 fn open_device(o: &Options) -> Res<Context> {
-    let ctx = match &o.device {
-        Some(name) => Context::open(name)?,
-        None => Context::open_first()?,
-    };
+    let ctx = tcp_example::open_device(&o.common)?;
     if ctx.attr().atomic_cap == AtomicCap::None {
         return Err(format!("device {} does not support atomic operations", ctx.name()).into());
     }
     Ok(ctx)
-}
-
-/// A first PSN that differs from run to run, as the pingpong examples make
-/// theirs (no random number crate needed for 24 bits).
-fn fresh_psn() -> Psn {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    Psn::truncate(nanos ^ std::process::id().wrapping_mul(0x9e37_79b9))
 }
 
 /// A finished request: its completion, the caller's wr_id (which
@@ -400,14 +301,6 @@ fn read_line(tcp: &mut TcpStream) -> Res<String> {
     Ok(String::from_utf8_lossy(&line).into_owned())
 }
 
-fn be_u64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b.try_into().expect("8 bytes"))
-}
-
-fn be_u32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b.try_into().expect("4 bytes"))
-}
-
 // ---------------------------------------------------------------------------
 // Server.
 
@@ -415,41 +308,28 @@ fn server(o: &Options) -> Res<()> {
     let ctx = open_device(o)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(2 * RECV_DEPTH as u32)?;
-    let mut qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(QpCaps {
-        max_send_wr: 1,
-        max_recv_wr: RECV_DEPTH as u32,
-        ..QpCaps::default()
-    }))?;
+    let mut qp = create_rc_qp(&pd, &cq, 1, RECV_DEPTH as u32)?;
 
-    let listener = TcpListener::bind(("0.0.0.0", o.tcp_port))
-        .map_err(|e| format!("cannot listen on TCP port {}: {e}", o.tcp_port))?;
-    println!(
-        "rdma_ops: server on {} port {}, waiting on TCP port {}",
-        ctx.name(),
-        o.ib_port,
-        o.tcp_port
-    );
-    let (mut tcp, peer) = listener.accept()?;
+    let (mut tcp, peer) = accept("rdma_ops", &ctx, &o.common)?;
     tcp.set_nodelay(true)?;
-    drop(listener);
 
     let mut hello = [0u8; Endpoint::WIRE_LEN + 16];
     tcp.read_exact(&mut hello)?;
     let remote = Endpoint::from_wire(&hello[..Endpoint::WIRE_LEN])?;
     let size = be_u64(&hello[Endpoint::WIRE_LEN..Endpoint::WIRE_LEN + 8]);
     let iters = be_u64(&hello[Endpoint::WIRE_LEN + 8..]);
-    if size != o.size as u64 || iters != o.iters {
+    if size != o.common.size as u64 || iters != o.iters {
         return Err(format!(
             "the client {peer} runs --size {size} --iters {iters}, \
              this server --size {} --iters {}",
-            o.size, o.iters
+            o.common.size, o.iters
         )
         .into());
     }
 
     // The exposed region, filled with the known pattern and the counters'
     // first values in host order (see the module docs on byte order).
-    let len = HEADER + 2 * o.size;
+    let len = HEADER + 2 * o.common.size;
     let mut region = pd.register(
         len,
         AccessFlags::LOCAL_WRITE
@@ -463,10 +343,8 @@ fn server(o: &Options) -> Res<()> {
 
     // The QP's access flags are what incoming operations may do.
     let opts = ConnectOptions {
-        port: o.ib_port,
-        gid_index: o.gid_index,
         access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
-        ..ConnectOptions::default()
+        ..o.common.connect_options()
     };
     let psn = fresh_psn();
     let me = qp.local_endpoint(&opts, psn)?;
@@ -483,12 +361,11 @@ fn server(o: &Options) -> Res<()> {
     qp.post_recv(recv_chunks.into_iter().map(|c| RecvWr::new(WR_RECV).sge(c)))?;
     let mut posted = first as u64;
 
-    let mut reply = Vec::with_capacity(Endpoint::WIRE_LEN + 16);
-    reply.extend_from_slice(&me.to_wire());
-    reply.extend_from_slice(&region.addr().to_be_bytes());
-    reply.extend_from_slice(&region.rkey().to_be_bytes());
-    reply.extend_from_slice(&(len as u32).to_be_bytes());
-    tcp.write_all(&reply)?;
+    let whole = RemoteAddr {
+        addr: region.addr(),
+        rkey: region.rkey(),
+    };
+    tcp.write_all(&grant(&me, whole, len as u32))?;
     println!(
         "rdma_ops: client {peer}; region addr {:#x} rkey {:#x} len {len}",
         region.addr(),
@@ -547,11 +424,11 @@ fn serve(
                 .into());
             }
             // For a WRITE WITH IMM, byte_len is the length of the write.
-            if wc.byte_len() as usize != o.size {
+            if wc.byte_len() as usize != o.common.size {
                 return Err(format!(
                     "write with imm {got}: byte_len {}, expected {}",
                     wc.byte_len(),
-                    o.size
+                    o.common.size
                 )
                 .into());
             }
@@ -601,14 +478,18 @@ fn serve(
 
 fn check_region(o: &Options, region: &MemoryRegion) -> Res<()> {
     let last = o.iters - 1;
-    let mut data = vec![0u8; o.size];
+    let mut data = vec![0u8; o.common.size];
     region.read(HEADER, &mut data)?;
-    check_bytes("written area", &data, &filled(o.size, write_seed(last), 0))?;
-    region.read(HEADER + o.size, &mut data)?;
+    check_bytes(
+        "written area",
+        &data,
+        &filled(o.common.size, write_seed(last), 0),
+    )?;
+    region.read(HEADER + o.common.size, &mut data)?;
     check_bytes(
         "written-with-imm area",
         &data,
-        &filled(o.size, imm_seed(last), 0),
+        &filled(o.common.size, imm_seed(last), 0),
     )?;
     let mut header = [0u8; HEADER];
     region.read(0, &mut header)?;
@@ -627,20 +508,6 @@ fn check_region(o: &Options, region: &MemoryRegion) -> Res<()> {
 // ---------------------------------------------------------------------------
 // Client.
 
-/// Connects, retrying for a while if the server is not listening yet.
-fn connect_tcp(host: &str, port: u16) -> Res<TcpStream> {
-    let deadline = Instant::now() + time::scaled(Duration::from_secs(20));
-    loop {
-        match TcpStream::connect((host, port)) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.kind() == ErrorKind::ConnectionRefused && Instant::now() < deadline => {
-                thread::sleep(Duration::from_millis(100))
-            }
-            Err(e) => return Err(format!("cannot connect to {host}:{port}: {e}").into()),
-        }
-    }
-}
-
 /// What the client does, counted.
 #[derive(Default)]
 struct Counts {
@@ -656,47 +523,35 @@ fn client(o: &Options, host: &str) -> Res<()> {
     let ctx = open_device(o)?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(32)?;
-    let mut qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(QpCaps {
-        max_send_wr: 8,
-        max_recv_wr: 1,
-        ..QpCaps::default()
-    }))?;
+    let mut qp = create_rc_qp(&pd, &cq, 8, 1)?;
     // The client exposes nothing: no remote access on its QP. One read or
     // atomic outstanding each way (the defaults) is what every device and
     // peer supports; more needs agreement with the peer's responder side.
-    let opts = ConnectOptions {
-        port: o.ib_port,
-        gid_index: o.gid_index,
-        ..ConnectOptions::default()
-    };
+    let opts = o.common.connect_options();
     let psn = fresh_psn();
     let me = qp.local_endpoint(&opts, psn)?;
 
-    let mut tcp = connect_tcp(host, o.tcp_port)?;
+    let mut tcp = connect_tcp(host, o.common.tcp_port)?;
     tcp.set_nodelay(true)?;
     let mut hello = Vec::with_capacity(Endpoint::WIRE_LEN + 16);
     hello.extend_from_slice(&me.to_wire());
-    hello.extend_from_slice(&(o.size as u64).to_be_bytes());
+    hello.extend_from_slice(&(o.common.size as u64).to_be_bytes());
     hello.extend_from_slice(&o.iters.to_be_bytes());
     tcp.write_all(&hello)?;
 
-    let mut reply = [0u8; Endpoint::WIRE_LEN + 16];
+    let mut reply = [0u8; GRANT_LEN];
     tcp.read_exact(&mut reply).map_err(|e| {
         format!("no answer from the server ({e}): are --size and --iters the same on both sides?")
     })?;
-    let w = Endpoint::WIRE_LEN;
-    let remote = Endpoint::from_wire(&reply[..w])?;
-    let addr = be_u64(&reply[w..w + 8]);
-    let rkey = be_u32(&reply[w + 8..w + 12]);
-    let len = be_u32(&reply[w + 12..w + 16]) as usize;
-    if len < HEADER + 2 * o.size {
+    let (remote, RemoteAddr { addr, rkey }, len) = parse_grant(&reply)?;
+    if len < HEADER + 2 * o.common.size {
         return Err(format!("the server's region has {len} bytes, too few").into());
     }
     qp.connect(&opts, psn, &remote)?;
     println!(
         "rdma_ops: client on {} port {}; server region addr {addr:#x} rkey {rkey:#x} len {len}",
         ctx.name(),
-        o.ib_port
+        o.common.ib_port
     );
 
     let mut counts = Counts::default();
@@ -770,12 +625,12 @@ fn run_client(
         rkey,
     };
     let (cas_remote, faa_remote) = (at(CAS_OFFSET), at(FAA_OFFSET));
-    let (area, imm_area) = (at(HEADER), at(HEADER + o.size));
+    let (area, imm_area) = (at(HEADER), at(HEADER + o.common.size));
 
     // Local buffers: what to write, what to read into, what to write with
     // imm, and one 8-byte chunk per atomic for the old value.
     let mut data = pd
-        .alloc_chunks(3, o.size, AccessFlags::LOCAL_WRITE)?
+        .alloc_chunks(3, o.common.size, AccessFlags::LOCAL_WRITE)?
         .into_iter();
     let mut atomics = pd.alloc_chunks(2, 8, AccessFlags::LOCAL_WRITE)?.into_iter();
     let mut write_buf = data.next().expect("3 chunks");
@@ -794,7 +649,7 @@ fn run_client(
     check_bytes(
         "initial read",
         d.chunk.as_slice(),
-        &filled(o.size, FILL_SEED, HEADER),
+        &filled(o.common.size, FILL_SEED, HEADER),
     )?;
     read_buf = d.chunk;
     counts.reads += 1;
@@ -854,7 +709,7 @@ fn run_client(
                     check_bytes(
                         &format!("iteration {i}: {what}"),
                         d.chunk.as_slice(),
-                        &filled(o.size, write_seed(i), 0),
+                        &filled(o.common.size, write_seed(i), 0),
                     )?;
                     counts.reads += 1;
                 }
