@@ -86,12 +86,11 @@
 //! The timed loops allocate nothing per iteration: a counting global
 //! allocator checks it, and a run that did allocate says so on stderr
 //! (`perf: note: size S: N heap allocations in the timed part`). Measured
-//! on rxe: 0 on the raw path; 1 or 2 per QP on the safe path, whatever the
-//! iteration count: the crate grows its scratch vectors for chains at a
-//! QP's first `post_send` (and its first `post_recv`) rather than when the
-//! QP is created. 0 on the `--ex` path: a batch needs no scratch (its
-//! room is allocated with the QP), and the first `post_recv` comes before
-//! the timed part.
+//! on rxe: 0 on the raw path, the safe path and the `--ex` path, with and
+//! without `-e`: the crate makes its scratch room for chains of up to eight
+//! requests when a QP is created, and a batch's room with the QP too.
+//! (Before that, the safe path's first `post_send` and `post_recv` of each
+//! QP grew the scratch: 1 or 2 allocations per run.)
 //!
 //! Every wait has a deadline scaled by `RDMA_VERBS_TIME_SCALE`.
 //!

@@ -111,13 +111,17 @@ impl SharedReceiveQueue {
         // SAFETY: the PD is live; `attr` is a valid in/out struct.
         let raw = check_ptr(VERB, unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) })?;
         let slots = attr.attr.max_wr.clamp(max_wr, MAX_WR) as usize;
+        let max_sge = attr.attr.max_sge.max(max_sge);
+        // Room for chains of up to CHAIN_ROOM receives: no post of one
+        // allocates, the first included.
+        let (wrs, sges) = crate::qp::post_internal::chain_room(slots as u32, max_sge);
         let keep = SrqKeep {
             pd: pd.clone(),
-            max_sge: attr.attr.max_sge.max(max_sge),
+            max_sge,
             pending: Mutex::new(SrqPending {
                 ledger: Ledger::new(Kind::Srq, slots),
-                recv_wrs: Vec::new(),
-                sges: Vec::new(),
+                recv_wrs: Vec::with_capacity(wrs),
+                sges: Vec::with_capacity(sges),
             }),
         };
         // SAFETY: a fresh SRQ owned by nobody else; it keeps its PD alive,

@@ -178,6 +178,18 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
     );
     drop(probe);
 
+    // A fresh QP's first posts: the scratch room for chains of up to
+    // eight requests is made when the QP is created.
+    let before = allocations();
+    round(1)?;
+    round(4)?;
+    let first = allocations() - before;
+    eprintln!("alloc: {first} heap allocations in a fresh QP's first posts (chains of 1 and 4)");
+    ensure!(
+        first == 0,
+        "{first} allocations in a fresh QP's first posts (chains of 1 and 4)"
+    );
+
     for _ in 0..20 {
         round(1)?;
         round(4)?;

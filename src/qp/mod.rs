@@ -39,7 +39,7 @@ mod post;
 pub(crate) mod post_internal {
     pub(crate) use super::ledger::{Kind, Ledger};
     pub(crate) use super::post::sealed::Sealed as CompletionSealed;
-    pub(crate) use super::post::{post_recv_chain, Chunks, SendLoan};
+    pub(crate) use super::post::{chain_room, post_recv_chain, Chunks, SendLoan};
 }
 mod query;
 mod table;

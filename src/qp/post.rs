@@ -731,15 +731,33 @@ unsafe impl Send for Pending {}
 // readers only look at the ledgers' counts).
 unsafe impl Sync for Pending {}
 
+/// The longest chain the scratch space is made for when a queue is
+/// created: posts of up to this many requests never allocate, even the
+/// first (longer chains grow the scratch once).
+pub(crate) const CHAIN_ROOM: usize = 8;
+
+/// Scratch room for chains of up to [`CHAIN_ROOM`] requests on a queue of
+/// `max_wr` requests with up to `max_sge` entries each (an inline send
+/// takes one): `(requests, entries)`.
+pub(crate) fn chain_room(max_wr: u32, max_sge: u32) -> (usize, usize) {
+    let wrs = (max_wr as usize).min(CHAIN_ROOM);
+    (wrs, wrs * (max_sge as usize).clamp(1, MAX_SGE))
+}
+
 impl Pending {
+    /// The bookkeeping of a QP with `caps` (as created), with scratch room
+    /// for chains of up to [`CHAIN_ROOM`] requests, so that no post of
+    /// such a chain allocates, the first included.
     pub(crate) fn new(caps: &QpCaps) -> Self {
+        let (send_wrs, send_sges) = chain_room(caps.max_send_wr, caps.max_send_sge);
+        let (recv_wrs, recv_sges) = chain_room(caps.max_recv_wr, caps.max_recv_sge);
         Pending {
             send: Ledger::new(Kind::Send, caps.max_send_wr as usize),
             recv: Ledger::new(Kind::Recv, caps.max_recv_wr as usize),
             released: Vec::new(),
-            send_wrs: Vec::new(),
-            recv_wrs: Vec::new(),
-            sges: Vec::new(),
+            send_wrs: Vec::with_capacity(send_wrs),
+            recv_wrs: Vec::with_capacity(recv_wrs),
+            sges: Vec::with_capacity(send_sges.max(recv_sges)),
             batch: Vec::new(),
         }
     }
@@ -998,8 +1016,9 @@ impl QueuePair {
     /// against `max_inline_data`, atomics' 8-byte entry and alignment,
     /// chunks and address handles of another PD, and no room in the send
     /// queue. An empty iterator posts nothing and calls nothing. If the
-    /// provider fails, see [`PostError`]. Allocates nothing in steady state
-    /// (chains of up to eight requests).
+    /// provider fails, see [`PostError`]. Allocates nothing for chains of
+    /// up to eight requests, the first post included (the room is made
+    /// with the QP); a longer chain grows the room once.
     ///
     /// ```no_run
     /// # fn f(qp: &mut rdma_verbs::QueuePair, chunk: rdma_verbs::Chunk) {
