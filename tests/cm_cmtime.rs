@@ -23,14 +23,14 @@
 #[macro_use]
 mod common;
 
-use std::io::Read;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use libtest_mimic::Failed;
 
+use common::procs::{self, finish, Finished};
 use common::{cm_addr, Env, TestFn};
 
 const TESTS: &[(&str, TestFn)] = &[
@@ -71,15 +71,9 @@ fn program(side: Side) -> Result<PathBuf, Failed> {
     }
 }
 
-/// What a finished process left: exit code (None: killed by a signal),
-/// stdout, stderr.
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Display for Output {
+/// What a finished process left ([`finish`]: exit code, `None` if it was
+/// killed; stdout; stderr), as the messages here show it.
+impl std::fmt::Display for Finished {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -90,46 +84,11 @@ impl std::fmt::Display for Output {
 }
 
 fn spawn(bin: &PathBuf, args: &[String]) -> Result<Child, Failed> {
-    Ok(Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", bin.display()))?)
-}
-
-/// Waits for `child` up to `limit` (then kills it: `code` None); collects
-/// its output.
-fn finish(mut child: Child, limit: Duration) -> Result<Output, Failed> {
-    let start = Instant::now();
-    let code = loop {
-        if let Some(st) = child.try_wait()? {
-            break st.code();
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = Output {
-        code,
-        stdout: String::new(),
-        stderr: String::new(),
-    };
-    if let Some(mut o) = child.stdout.take() {
-        o.read_to_string(&mut out.stdout)?;
-    }
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut out.stderr)?;
-    }
-    Ok(out)
+    procs::spawn(Command::new(bin).args(args)).map_err(|e| format!("{}: {e}", bin.display()).into())
 }
 
 /// Runs a client to its end (two minutes, scaled, at most).
-fn client(bin: &PathBuf, args: &[String]) -> Result<Output, Failed> {
+fn client(bin: &PathBuf, args: &[String]) -> Result<Finished, Failed> {
     finish(spawn(bin, args)?, common::scaled(Duration::from_secs(120)))
 }
 
@@ -223,7 +182,7 @@ fn parse_row(line: &str) -> Option<(&str, Vec<f64>)> {
 /// header, every row (with `bind addr` when `bind`) with four numbers that
 /// fit together, no failed connection, nothing on stderr. Returns the
 /// rows.
-fn check_table(out: &Output, bind: bool) -> Result<Vec<(String, Vec<f64>)>, Failed> {
+fn check_table(out: &Finished, bind: bool) -> Result<Vec<(String, Vec<f64>)>, Failed> {
     ensure!(out.code == Some(0), "client failed\n{out}");
     ensure!(out.stderr.is_empty(), "client printed errors\n{out}");
     let lines: Vec<&str> = out.stdout.lines().collect();

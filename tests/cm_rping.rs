@@ -35,13 +35,13 @@ mod common;
 use std::io::Read;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 
-use common::{cm_addr, on_path, Env, TestFn};
+use common::{cm_addr, on_path, procs, Env, TestFn};
 
 const TESTS: &[(&str, TestFn)] = &[
     ("cm_rping::rust_server_c_client", rust_server_c_client),
@@ -96,12 +96,7 @@ fn program(side: Side) -> Result<PathBuf, Failed> {
 }
 
 fn spawn(bin: &PathBuf, args: &[String]) -> Result<Running, Failed> {
-    let mut child = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut child = procs::spawn(Command::new(bin).args(args))
         .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
     // Read both pipes as they fill: a -v server writes more than a pipe holds.
     let reader = |mut r: Box<dyn Read + Send>| {
@@ -144,28 +139,16 @@ fn collect(h: Option<JoinHandle<String>>) -> Result<String, Failed> {
 }
 
 impl Running {
-    /// Waits for the program up to `limit`, killing it then (its output
-    /// then ends with a note); returns its status and output.
+    /// Waits for the program up to `limit`, killing it then (its stderr
+    /// then ends with a note): [`procs::wait_or_kill`], with the output
+    /// read all along. Returns its status and output.
     fn finish(mut self, limit: Duration) -> Result<Ran, Failed> {
-        let start = Instant::now();
-        let mut killed = false;
-        let status = loop {
-            if let Some(st) = self.child.try_wait()? {
-                break st;
-            }
-            if start.elapsed() > limit {
-                let _ = self.child.kill();
-                killed = true;
-                break self.child.wait()?;
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
+        let (status, killed) = procs::wait_or_kill(&mut self.child, limit)?;
         let stdout = collect(self.out.take())?;
         let mut stderr = collect(self.err.take())?;
         if killed {
-            stderr.push_str(&format!(
-                "(killed after {limit:?}; raise RDMA_VERBS_TIME_SCALE on a slow machine)\n"
-            ));
+            stderr.push_str(&procs::killed_note(limit));
+            stderr.push('\n');
         }
         Ok(Ran {
             status,

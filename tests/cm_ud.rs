@@ -25,15 +25,15 @@
 #[macro_use]
 mod common;
 
-use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 use rdma_verbs::LinkLayer;
 
+use common::procs::{self, finish, Finished};
 use common::{cm_addr, on_path, rust_example, wait_for_cm_id, Env, TestFn};
 
 /// Which program plays a role.
@@ -104,58 +104,18 @@ fn program(side: Side, name: &str) -> Result<PathBuf, Failed> {
 /// Starts `name` (the C program or the example) with `args`, `argv[0]`
 /// being the bare name either way (it appears in the usage text).
 fn spawn(side: Side, name: &str, args: &[String]) -> Result<Child, Failed> {
-    Ok(Command::new(program(side, name)?)
-        .arg0(name)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?)
+    Ok(procs::spawn(
+        Command::new(program(side, name)?).arg0(name).args(args),
+    )?)
 }
 
-/// How a program ended.
-struct Ran {
-    /// The exit status; `None` if it was killed.
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ran {
-    fn show(&self) -> String {
-        format!(
-            "exit {:?}\n  stdout: {:?}\n  stderr: {:?}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Waits for `child` up to `limit`, killing it after.
-fn finish(mut child: Child, limit: Duration) -> Result<Ran, Failed> {
-    let start = Instant::now();
-    let code = loop {
-        if let Some(st) = child.try_wait()? {
-            break st.code();
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    if let Some(mut o) = child.stdout.take() {
-        o.read_to_string(&mut stdout)?;
-    }
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut stderr)?;
-    }
-    Ok(Ran {
-        code,
-        stdout,
-        stderr,
-    })
+/// How a program ended ([`finish`]: the exit code is `None` if it was
+/// killed), for a message.
+fn show(ran: &Finished) -> String {
+    format!(
+        "exit {:?}\n  stdout: {:?}\n  stderr: {:?}",
+        ran.code, ran.stdout, ran.stderr
+    )
 }
 
 /// How long one program may run.
@@ -191,7 +151,7 @@ fn pair(
     server: (Side, &[String]),
     client: (Side, &[String]),
     ready: impl Fn(&[&str]) -> bool,
-) -> Result<(Ran, Ran, Option<(u64, u64)>, String), Failed> {
+) -> Result<(Finished, Finished, Option<(u64, u64)>, String), Failed> {
     let before = packets(env);
     let start = Instant::now();
     let mut srv = spawn(server.0, name, server.1)?;
@@ -201,7 +161,7 @@ fn pair(
     let mine = |w: &[&str]| w.windows(2).any(|p| p == ["pid", pid.as_str()]) && ready(w);
     if let Err(e) = wait_for_cm_id(&mut srv, &what, mine) {
         let ran = finish(srv, Duration::ZERO)?;
-        return Err(format!("{}\n{}", e.message().unwrap_or(""), ran.show()).into());
+        return Err(format!("{}\n{}", e.message().unwrap_or(""), show(&ran)).into());
     }
     let waited = start.elapsed();
     let cli = spawn(client.0, name, client.1)?;
@@ -224,7 +184,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 
 /// Checks a finished run of a pair: exit 0, exactly `lines` on stdout,
 /// nothing on stderr.
-fn check(who: &str, ran: &Ran, lines: &[String], both: &str) -> Result<(), Failed> {
+fn check(who: &str, ran: &Finished, lines: &[String], both: &str) -> Result<(), Failed> {
     let got: Vec<&str> = ran.stdout.lines().collect();
     ensure!(
         ran.code == Some(0) && got == lines && ran.stderr.is_empty(),
@@ -299,7 +259,7 @@ fn udaddy(env: &Env, server: Side, client: Side, options: bool) -> Result<(), Fa
         (client, &cli_args),
         udaddy_listening,
     )?;
-    let both = format!("{what}\n--- server: {}\n--- client: {}", s.show(), c.show());
+    let both = format!("{what}\n--- server: {}\n--- client: {}", show(&s), show(&c));
     let srv_lines = strings(&[
         "udaddy: starting server",
         "receiving data transfers",
@@ -369,8 +329,8 @@ fn mckey(env: &Env, n: u8, receiver: Side, sender: Side, options: bool) -> Resul
     )?;
     let both = format!(
         "{what}\n--- receiver: {}\n--- sender: {}",
-        r.show(),
-        s.show()
+        show(&r),
+        show(&s)
     );
     let roce = env.ctx.query_port(env.port)?.link_layer == LinkLayer::Ethernet;
     let joined = format!("mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0");
@@ -421,8 +381,8 @@ fn same_as_c(name: &str, args: &[String], code: i32) -> Result<(), Failed> {
     let (c, r) = (finish(c, run_limit())?, finish(r, run_limit())?);
     let both = format!(
         "{name} {args:?}\n--- C: {}\n--- Rust: {}",
-        c.show(),
-        r.show()
+        show(&c),
+        show(&r)
     );
     ensure!(
         c.code == Some(code),
@@ -454,7 +414,7 @@ fn same_as_c(name: &str, args: &[String], code: i32) -> Result<(), Failed> {
 fn udaddy_rejects(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?.to_string();
     let (srv_args, cli_args) = (strings(&["-C", "-3"]), strings(&["-s", &ip]));
-    let mut reference: Option<(Ran, Ran)> = None;
+    let mut reference: Option<(Finished, Finished)> = None;
     for (server, client) in [(C, C), (Rust, C), (C, Rust)] {
         let (s, c, _, timing) = pair(
             env,
@@ -465,8 +425,8 @@ fn udaddy_rejects(env: &Env) -> Result<(), Failed> {
         )?;
         let both = format!(
             "{server:?} server {srv_args:?}: {}\n{client:?} client {cli_args:?}: {}",
-            s.show(),
-            c.show()
+            show(&s),
+            show(&c)
         );
         let Some((rs, rc)) = &reference else {
             ensure!(
@@ -482,7 +442,7 @@ fn udaddy_rejects(env: &Env) -> Result<(), Failed> {
             ensure!(
                 ran.code == want.code && ran.stdout == want.stdout && ran.stderr == want.stderr,
                 "the {who} differs from C's ({})\n{both}",
-                want.show()
+                show(want)
             );
         }
         let said = c.stdout.lines().find(|l| l.contains("event")).unwrap_or("");

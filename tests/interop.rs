@@ -29,15 +29,12 @@
 #[macro_use]
 mod common;
 
-use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use libtest_mimic::Failed;
-use rdma_verbs::{GidType, LinkLayer};
 
-use common::{rust_example, Env, TestFn};
+use common::{procs, rust_example, Env, TestFn};
 
 /// Which program plays which role.
 #[derive(Clone, Copy, Debug)]
@@ -316,29 +313,24 @@ fn rc_ts<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
     if mask != 0 {
         return rc_ts_run(env, CLIENT, mask);
     }
-    let mut args: Vec<String> = vec![
-        "-t".into(),
-        "-d".into(),
-        env.ctx.name().into(),
-        "-i".into(),
-        env.port.to_string(),
-        "-p".into(),
-        if CLIENT { "19250" } else { "19251" }.into(),
-    ];
-    if let Some(g) = gid_index(env)? {
-        args.extend(["-g".into(), g.to_string()]);
-    }
+    let mut args: Vec<String> = vec!["-t".into()];
+    args.extend(procs::device_args(
+        env,
+        if CLIENT { 19_250 } else { 19_251 },
+    )?);
     if CLIENT {
         args.push("127.0.0.1".into());
     }
+    // Each run to its end: a program still running at the deadline is an
+    // error.
     let run = |bin: &PathBuf| -> Result<(Option<i32>, String, String), Failed> {
-        let child = Command::new(bin)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        finish_split(child, common::deadline())
+        let limit = common::deadline();
+        let ran = procs::finish(procs::spawn(Command::new(bin).args(&args))?, limit)?;
+        ensure!(
+            ran.killed_after.is_none(),
+            "still running after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)"
+        );
+        Ok((ran.code, ran.stdout, ran.stderr))
     };
     let rust = run(&rust_example("rc_pingpong")?)?;
     let role = if CLIENT { "client" } else { "server" };
@@ -407,100 +399,6 @@ fn rc_ts_run(env: &Env, client: bool, mask: u64) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Waits for `child` up to `limit` (killing it after: an error); returns
-/// its exit code, stdout and stderr.
-fn finish_split(
-    mut child: Child,
-    limit: Duration,
-) -> Result<(Option<i32>, String, String), Failed> {
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "still running after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)"
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (mut out, mut err) = (String::new(), String::new());
-    if let Some(mut o) = child.stdout.take() {
-        o.read_to_string(&mut out)?;
-    }
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut err)?;
-    }
-    Ok((status.code(), out, err))
-}
-
-/// The GID index the runs use: a RoCE v2 GID (IPv4-mapped if there is one)
-/// on Ethernet ports, none on InfiniBand.
-fn gid_index(env: &Env) -> Result<Option<u32>, Failed> {
-    if env.ctx.query_port(env.port)?.link_layer != LinkLayer::Ethernet {
-        return Ok(None);
-    }
-    let table = env.ctx.gid_table()?;
-    let v2: Vec<_> = table
-        .iter()
-        .filter(|e| e.port == u32::from(env.port) && e.gid_type == Some(GidType::RoceV2))
-        .collect();
-    let pick = v2
-        .iter()
-        .find(|e| e.gid.as_ipv6().to_ipv4_mapped().is_some())
-        .or(v2.first());
-    Ok(Some(pick.ok_or("no RoCE v2 GID")?.index))
-}
-
-/// Whether something listens on TCP `port` (from /proc/net/tcp and tcp6).
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-            })
-        })
-    })
-}
-
-/// Waits for `child` up to `limit`, killing it after; returns (status, output).
-fn finish(mut child: Child, limit: Duration) -> Result<(bool, String), Failed> {
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break Some(st);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        o.read_to_string(&mut out)?;
-    }
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut out)?;
-    }
-    match status {
-        Some(st) => Ok((st.success(), out)),
-        None => Ok((
-            false,
-            format!(
-                "{out}\n(killed after {limit:?}; raise RDMA_VERBS_TIME_SCALE on a slow machine)"
-            ),
-        )),
-    }
-}
-
 fn run(env: &Env, r: &Run, tcp_port: u16) -> Result<(), Failed> {
     let program = |side: Side| -> Result<PathBuf, Failed> {
         match side {
@@ -552,8 +450,8 @@ fn run(env: &Env, r: &Run, tcp_port: u16) -> Result<(), Failed> {
 }
 
 /// Runs a server and a client (the client gets `127.0.0.1` last) with the
-/// device, port, TCP port and GID index options; both must exit 0 within
-/// two minutes. Returns their outputs.
+/// device, port, TCP port and GID index options ([`procs::tcp_pair`]);
+/// both must exit 0 within two minutes. Returns their outputs.
 fn pair(
     env: &Env,
     server: (&PathBuf, &[&str]),
@@ -561,48 +459,16 @@ fn pair(
     tcp_port: u16,
     what: &str,
 ) -> Result<(String, String), Failed> {
-    let mut args: Vec<String> = vec![
-        "-d".into(),
-        env.ctx.name().into(),
-        "-i".into(),
-        env.port.to_string(),
-        "-p".into(),
-        tcp_port.to_string(),
-    ];
-    if let Some(g) = gid_index(env)? {
-        args.extend(["-g".into(), g.to_string()]);
-    }
-    let spawn = |bin: &PathBuf, own: &[&str], extra: Option<&str>| {
-        Command::new(bin)
-            .args(&args)
-            .args(own)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-    };
-    let server_child = spawn(server.0, server.1, None)?;
-    let start = Instant::now();
-    let listen_limit = common::deadline();
-    while !listening(tcp_port) {
-        if start.elapsed() > listen_limit {
-            let (_, out) = finish(server_child, Duration::ZERO)?;
-            return Err(format!(
-                "{what}: waited {listen_limit:?} for the server to listen on TCP port {tcp_port} \
-                 (raise RDMA_VERBS_TIME_SCALE on a slow machine):\n{out}"
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client_child = spawn(client.0, client.1, Some("127.0.0.1"))?;
-    // A run of 1,000 iterations takes seconds; a loaded machine, minutes.
-    let limit = common::scaled(Duration::from_secs(120));
-    let (client_ok, client_out) = finish(client_child, limit)?;
-    let (server_ok, server_out) = finish(server_child, limit)?;
+    let (s, c) = procs::tcp_pair(
+        env,
+        (server.0, server.1),
+        (client.0, client.1),
+        tcp_port,
+        what,
+    )?;
+    let (server_out, client_out) = (s.merged(), c.merged());
     ensure!(
-        server_ok && client_ok,
+        s.code == Some(0) && c.code == Some(0),
         "{what}: failed\n--- server:\n{server_out}\n--- client:\n{client_out}"
     );
     Ok((server_out, client_out))

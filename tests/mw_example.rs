@@ -17,15 +17,12 @@
 #[macro_use]
 mod common;
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use libtest_mimic::Failed;
-use rdma_verbs::{GidType, LinkLayer};
 
-use common::{rust_example, Env, TestFn};
+use common::{procs, rust_example, Env, TestFn};
 
 const EXAMPLE: &str = "mw_invalidate";
 
@@ -214,15 +211,17 @@ fn last_line(out: &str) -> &str {
     out.lines().last().unwrap_or("")
 }
 
+/// A run of the example as the server or the client.
 struct Outcome {
     /// The exit code; `None` if killed (timeout) or ended by a signal.
     code: Option<i32>,
+    /// Its stdout, then its stderr (and a note if it was killed).
     out: String,
 }
 
 /// Runs the example as a server with `server_args`, waits until it listens,
 /// then as a client of 127.0.0.1 with `client_args`, both on the test
-/// device and port (and a RoCE v2 GID on Ethernet).
+/// device and port (and a RoCE v2 GID on Ethernet): [`procs::tcp_pair`].
 fn run_pair(
     env: &Env,
     bin: &Path,
@@ -230,111 +229,16 @@ fn run_pair(
     client_args: &[&str],
     tcp_port: u16,
 ) -> Result<(Outcome, Outcome), Failed> {
-    let mut args: Vec<String> = vec![
-        "-d".into(),
-        env.ctx.name().into(),
-        "-i".into(),
-        env.port.to_string(),
-        "-p".into(),
-        tcp_port.to_string(),
-    ];
-    if let Some(g) = gid_index(env)? {
-        args.extend(["-g".into(), g.to_string()]);
-    }
-    let spawn = |own: &[&str], host: Option<&str>| {
-        Command::new(bin)
-            .args(&args)
-            .args(own)
-            .args(host)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+    let (s, c) = procs::tcp_pair(
+        env,
+        (bin, server_args),
+        (bin, client_args),
+        tcp_port,
+        EXAMPLE,
+    )?;
+    let outcome = |f: procs::Finished| Outcome {
+        code: f.code,
+        out: f.merged(),
     };
-    let mut server = spawn(server_args, None)?;
-    let (start, limit) = (Instant::now(), common::deadline());
-    while !listening(tcp_port) {
-        if let Some(st) = server.try_wait()? {
-            let out = finish(server, Duration::ZERO)?.out;
-            return Err(format!("the server exited ({st}) before listening:\n{out}").into());
-        }
-        if start.elapsed() > limit {
-            let out = finish(server, Duration::ZERO)?.out;
-            return Err(format!(
-                "waited {limit:?} for the server to listen on TCP port {tcp_port} \
-                 (raise RDMA_VERBS_TIME_SCALE on a slow machine):\n{out}"
-            )
-            .into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let client = spawn(client_args, Some("127.0.0.1"))?;
-    let limit = common::scaled(Duration::from_secs(120));
-    let client = finish(client, limit)?;
-    let server = finish(server, limit)?;
-    Ok((server, client))
-}
-
-/// The GID index to use: a RoCE v2 GID (IPv4-mapped if there is one) on
-/// Ethernet ports, none on InfiniBand.
-fn gid_index(env: &Env) -> Result<Option<u32>, Failed> {
-    if env.ctx.query_port(env.port)?.link_layer != LinkLayer::Ethernet {
-        return Ok(None);
-    }
-    let table = env.ctx.gid_table()?;
-    let v2: Vec<_> = table
-        .iter()
-        .filter(|e| e.port == u32::from(env.port) && e.gid_type == Some(GidType::RoceV2))
-        .collect();
-    let pick = v2
-        .iter()
-        .find(|e| e.gid.as_ipv6().to_ipv4_mapped().is_some())
-        .or(v2.first());
-    Ok(Some(pick.ok_or("no RoCE v2 GID")?.index))
-}
-
-/// Whether something listens on TCP `port` (from /proc/net/tcp and tcp6).
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-            })
-        })
-    })
-}
-
-/// Waits for `child` up to `limit`, killing it after; its exit code and
-/// output (stdout, then stderr).
-fn finish(mut child: Child, limit: Duration) -> Result<Outcome, Failed> {
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break Some(st);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        o.read_to_string(&mut out)?;
-    }
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut out)?;
-    }
-    if status.is_none() {
-        out.push_str(&format!(
-            "\n(killed after {limit:?}; raise RDMA_VERBS_TIME_SCALE on a slow machine)"
-        ));
-    }
-    Ok(Outcome {
-        code: status.and_then(|s| s.code()),
-        out,
-    })
+    Ok((outcome(s), outcome(c)))
 }

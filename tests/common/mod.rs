@@ -114,6 +114,9 @@ macro_rules! ensure {
 mod time;
 pub use time::scaled;
 
+// Child processes: running the examples and rdma-core's C programs.
+pub mod procs;
+
 /// How long a test waits for something that must happen (completions, an
 /// event, a drain): `RDMA_VERBS_TEST_DEADLINE_SECS` if set, else 20 s
 /// [`scaled`].
