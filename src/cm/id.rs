@@ -486,7 +486,12 @@ impl CmId {
     /// context than [`context`](Self::context), a QP type other than the
     /// port space's ([`PortSpace::qp_type`]), an id that has a QP already,
     /// and everything [`QueuePair::new`] refuses.
+    ///
+    /// With [`QpInitAttr::send_ops`] the QP is an extended one
+    /// (`rdma_create_qp_ex`), which posts through
+    /// [`QueuePair::start_batch`] as well.
     #[doc(alias = "rdma_create_qp")]
+    #[doc(alias = "rdma_create_qp_ex")]
     pub fn create_qp(&self, pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         const VERB: &str = "rdma_create_qp";
         let ctx = self.context()?;
@@ -518,18 +523,34 @@ impl CmId {
         if !unsafe { (*raw_id.as_ptr()).qp }.is_null() {
             return Err(Error::invalid(VERB, "the id has a QP already"));
         }
-        let mut qp = QueuePair::create_with(pd, attr, VERB, |raw_attr| {
-            // SAFETY: the id, PD and CQs are live and of the id's context
-            // (checked above and by `create_with`); `raw_attr` is a valid
-            // in/out struct; the lock is held (librdmacm sets `id->qp`).
-            let rc = unsafe { sys::rdma_create_qp(raw_id.as_ptr(), pd.as_ptr(), raw_attr) };
-            check_rc(VERB, rc)?;
-            // SAFETY: as above; on success librdmacm set `qp`.
+        // On success librdmacm set `id->qp`.
+        let created = |verb| {
+            // SAFETY: the id is live and the lock is held.
             NonNull::new(unsafe { (*raw_id.as_ptr()).qp }).ok_or(Error::Verb {
-                verb: VERB,
+                verb,
                 errno: libc::EINVAL,
             })
-        })?;
+        };
+        let mut qp = match attr.send_ops {
+            None => QueuePair::create_with(pd, attr, VERB, |raw_attr| {
+                // SAFETY: the id, PD and CQs are live and of the id's context
+                // (checked above and by `create_with`); `raw_attr` is a valid
+                // in/out struct; the lock is held (librdmacm sets `id->qp`).
+                let rc = unsafe { sys::rdma_create_qp(raw_id.as_ptr(), pd.as_ptr(), raw_attr) };
+                check_rc(VERB, rc)?;
+                created(VERB)
+            })?,
+            Some(ops) => {
+                const VERB_EX: &str = "rdma_create_qp_ex";
+                crate::qp::create_ex_with(pd, attr, ops, VERB_EX, |x| {
+                    // SAFETY: as above; `x` names the PD (checked to be of
+                    // the id's context), which rdma_create_qp_ex requires.
+                    let rc = unsafe { sys::rdma_create_qp_ex(raw_id.as_ptr(), x) };
+                    check_rc(VERB_EX, rc)?;
+                    created(VERB_EX)
+                })?
+            }
+        };
         let qp_ptr = NonNull::new(qp.as_raw()).ok_or(Error::Verb {
             verb: VERB,
             errno: libc::EINVAL,

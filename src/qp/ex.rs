@@ -138,22 +138,26 @@ impl<'a> QpInitAttr<'a> {
 }
 
 /// The checks of `ops` for a QP of `qp_type` on the device of `pd`.
-fn check_send_ops(pd: &ProtectionDomain, qp_type: QpType, ops: SendOpsFlags) -> Result<()> {
-    const VERB: &str = "ibv_create_qp_ex";
+fn check_send_ops(
+    verb: &'static str,
+    pd: &ProtectionDomain,
+    qp_type: QpType,
+    ops: SendOpsFlags,
+) -> Result<()> {
     if ops.is_empty() {
-        return Err(Error::invalid(VERB, "send_ops is empty"));
+        return Err(Error::invalid(verb, "send_ops is empty"));
     }
     let unoffered = ops & (SendOpsFlags::TSO | SendOpsFlags::ATOMIC_WRITE);
     if !unoffered.is_empty() {
         return Err(Error::invalid(
-            VERB,
+            verb,
             format!("{unoffered:?}: the safe batch has no such operation"),
         ));
     }
     let beyond = ops - SendOpsFlags::for_transport(qp_type);
     if !beyond.is_empty() {
         return Err(Error::invalid(
-            VERB,
+            verb,
             format!("{} QPs cannot post {beyond:?}", qp_type.short_name()),
         ));
     }
@@ -190,9 +194,29 @@ pub(super) fn create(
     ops: SendOpsFlags,
 ) -> Result<QueuePair> {
     const VERB: &str = "ibv_create_qp_ex";
-    check_send_ops(pd, attr.qp_type, ops)?;
     let ctx = pd.context();
-    let mut qp = QueuePair::create_with(pd, attr, VERB, |raw| {
+    create_ex_with(pd, attr, ops, VERB, |x| {
+        // SAFETY: live context, PD and CQs of that context (checked by
+        // `create_with`); `x` is a valid in/out struct whose comp_mask
+        // names exactly the fields set.
+        check_ptr(VERB, unsafe { sys::ibv_create_qp_ex(ctx.as_ptr(), x) })
+    })
+}
+
+/// Checks `ops`, then creates an extended QP with `call` (given the
+/// `ibv_qp_init_attr_ex` of `attr` with the PD and `ops`:
+/// `ibv_create_qp_ex`, or `rdma_create_qp_ex` on a CM id) and takes
+/// ownership of it with its `ibv_qp_ex`.
+pub(crate) fn create_ex_with(
+    pd: &ProtectionDomain,
+    attr: &QpInitAttr<'_>,
+    ops: SendOpsFlags,
+    verb: &'static str,
+    call: impl FnOnce(&mut sys::ibv_qp_init_attr_ex) -> Result<NonNull<sys::ibv_qp>>,
+) -> Result<QueuePair> {
+    check_send_ops(verb, pd, attr.qp_type, ops)?;
+    let ctx = pd.context();
+    let mut qp = QueuePair::create_with(pd, attr, verb, |raw| {
         let mut x = sys::ibv_qp_init_attr_ex {
             qp_context: raw.qp_context,
             send_cq: raw.send_cq,
@@ -207,24 +231,22 @@ pub(super) fn create(
             send_ops_flags: ops.bits(),
             ..Default::default()
         };
-        // SAFETY: live context, PD and CQs of that context (checked by
-        // `create_with`); `x` is a valid in/out struct whose comp_mask
-        // names exactly the fields set.
-        let created = unsafe { sys::ibv_create_qp_ex(ctx.as_ptr(), &mut x) };
+        let created = call(&mut x);
         raw.cap = x.cap;
-        check_ptr(VERB, created).map_err(|e| match e.errno() {
+        created.map_err(|e| match e.errno() {
             Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) => Error::Unsupported {
-                what: "extended QPs with these send_ops (ibv_create_qp_ex)",
+                what: "extended QPs with these send_ops",
                 device: ctx.name().to_owned(),
                 errno: Some(errno),
             },
             _ => e,
         })
     })?;
-    // SAFETY: the QP is live and was created by ibv_create_qp_ex.
+    // SAFETY: the QP is live and was created by ibv_create_qp_ex (which
+    // rdma_create_qp_ex calls) with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.
     let ex = unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) };
     let ptr = NonNull::new(ex)
-        .ok_or_else(|| Error::invalid(VERB, "the provider gave a QP without its ibv_qp_ex"))?;
+        .ok_or_else(|| Error::invalid(verb, "the provider gave a QP without its ibv_qp_ex"))?;
     let max = qp.caps().max_send_wr as usize;
     qp.pending_mut().reserve_batch(max);
     qp.ex = Some(QpEx {

@@ -50,6 +50,8 @@ mod values;
 
 pub use attr::QpAttr;
 pub use connect::{ConnectOptions, Endpoint};
+#[cfg(feature = "cm")]
+pub(crate) use ex::create_ex_with;
 pub use ex::{SendOpsFlags, WrBatch};
 pub use mask::QpAttrMask;
 pub(crate) use post::fail as post_error;
@@ -165,7 +167,7 @@ pub struct QpInitAttr<'a> {
     srq: Option<&'a SharedReceiveQueue>,
     caps: QpCaps,
     sq_sig_all: bool,
-    send_ops: Option<SendOpsFlags>,
+    pub(crate) send_ops: Option<SendOpsFlags>,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -286,10 +288,10 @@ impl QueuePair {
         create: impl FnOnce(&mut sys::ibv_qp_init_attr) -> Result<std::ptr::NonNull<sys::ibv_qp>>,
     ) -> Result<Self> {
         let ctx = pd.context();
-        if attr.send_ops.is_some() && verb != "ibv_create_qp_ex" {
+        if attr.send_ops.is_some() != matches!(verb, "ibv_create_qp_ex" | "rdma_create_qp_ex") {
             return Err(Error::invalid(
                 verb,
-                "extended QPs (QpInitAttr::send_ops) are created with ProtectionDomain::create_qp",
+                "internal: extended QPs (QpInitAttr::send_ops) go through ibv_create_qp_ex",
             ));
         }
         for (which, cq) in [("send_cq", attr.send_cq), ("recv_cq", attr.recv_cq)] {

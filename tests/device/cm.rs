@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use libtest_mimic::Failed;
 use rdma_verbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
-use rdma_verbs::qp::{QKey, QpNum, RecvWr, SendOp, SendWr};
+use rdma_verbs::qp::{QKey, QpNum, RecvWr, SendOp, SendOpsFlags, SendWr};
 use rdma_verbs::{
     AccessFlags, CompletionQueue, Context, Error, ProtectionDomain, QpInitAttr, QpState, QpType,
     QueuePair,
@@ -33,6 +33,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("cm::held_event_keeps_its_id", held_event_keeps_its_id),
     ("cm::untaken_request_is_rejected", untaken_request),
     ("cm::non_blocking_reads", non_blocking_reads),
+    ("cm::extended_cm_qps_post_batches", extended_cm_qps),
 ];
 
 fn t() -> Duration {
@@ -121,10 +122,23 @@ struct Side {
 }
 
 fn cm_qp(id: &CmId, t: QpType) -> Result<Side, Failed> {
+    cm_qp_ops(id, t, None)
+}
+
+/// A CM QP, extended (`rdma_create_qp_ex`) when `ops` is given.
+fn cm_qp_ops(id: &CmId, t: QpType, ops: Option<SendOpsFlags>) -> Result<Side, Failed> {
     let ctx = id.context()?;
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64)?;
-    let qp = id.create_qp(&pd, &QpInitAttr::new(t, &cq, &cq))?;
+    let attr = QpInitAttr::new(t, &cq, &cq);
+    let qp = id.create_qp(
+        &pd,
+        &match ops {
+            Some(ops) => attr.send_ops(ops),
+            None => attr,
+        },
+    )?;
+    ensure!(qp.send_ops() == ops, "send_ops {:?}", qp.send_ops());
     Ok(Side { pd, cq, qp })
 }
 
@@ -149,13 +163,18 @@ struct Conn {
 }
 
 fn connected(env: &Env) -> Result<Conn, Failed> {
+    connected_ops(env, None)
+}
+
+/// [`connected`], the QPs extended with `ops` if given.
+fn connected_ops(env: &Env, ops: Option<SendOpsFlags>) -> Result<Conn, Failed> {
     let Setup {
         sch,
         cch,
         listener,
         client,
     } = setup(env, PortSpace::Tcp)?;
-    let c = cm_qp(&client, QpType::Rc)?;
+    let c = cm_qp_ops(&client, QpType::Rc, ops)?;
     state_is(&c.qp, QpState::Init, "client QP after rdma_create_qp")?;
     client.connect(
         &ConnParam::new()
@@ -184,7 +203,7 @@ fn connected(env: &Env) -> Result<Conn, Failed> {
         "the new id was handed out twice"
     );
     drop(req);
-    let s = cm_qp(&server, QpType::Rc)?;
+    let s = cm_qp_ops(&server, QpType::Rc, ops)?;
     state_is(&s.qp, QpState::Init, "server QP after rdma_create_qp")?;
     server.accept(&ConnParam::new().responder_resources(1).initiator_depth(1))?;
     state_is(&s.qp, QpState::Rts, "server QP after rdma_accept")?;
@@ -769,4 +788,94 @@ fn non_blocking_reads(env: &Env) -> Result<(), Failed> {
     let ev = ch.try_get_event()?.ok_or("poll said readable, no event")?;
     ensure!(ev.kind() == CmEventKind::AddrResolved, "{ev:?}");
     Ok(())
+}
+
+/// Extended CM QPs (`rdma_create_qp_ex` with send_ops): the CM moves them
+/// as it moves basic ones, and they post through `ibv_wr_*` batches and
+/// `post_send` alike. An operation RC cannot post is refused before any
+/// call, leaving the id without a QP.
+fn extended_cm_qps(env: &Env) -> Result<(), Failed> {
+    // Refused before any call: TSO (not offered) on a TCP id's RC QP, and
+    // an RDMA read on a UDP id's UD QP.
+    let k = setup(env, PortSpace::Tcp)?;
+    let ctx = k.client.context()?;
+    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(8)?);
+    let bad = QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::TSO);
+    let e = k
+        .client
+        .create_qp(&pd, &bad)
+        .err()
+        .ok_or("TSO send_ops accepted")?;
+    ensure!(
+        matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("rdma_create_qp_ex"),
+        "{e}"
+    );
+    let ud = ch_ud_refusal(env)?;
+    ensure!(ud.contains("UD QPs cannot post"), "{ud}");
+    drop(k);
+
+    let ops = SendOpsFlags::SEND | SendOpsFlags::SEND_WITH_IMM;
+    let mut k = connected_ops(env, Some(ops))?;
+    // A batch of two sends, client to server.
+    let inb = k.s.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    k.s.qp
+        .post_recv(inb.into_iter().map(|c| RecvWr::new(1).sge(c)))?;
+    let mut out = k.c.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    out[0].as_mut_slice()[..5].copy_from_slice(b"first");
+    out[1].as_mut_slice()[..6].copy_from_slice(b"second");
+    let (b, a) = (out.pop().ok_or("chunk")?, out.pop().ok_or("chunk")?);
+    let mut batch = k.c.qp.start_batch()?;
+    batch.post(SendWr::new(10, SendOp::Send).sge_len(a, 5).unsignaled())?;
+    batch.post(SendWr::new(11, SendOp::SendWithImm(0x1234)).sge_len(b, 6))?;
+    batch.complete()?;
+    let wcs = poll_n(&k.s.cq, 2)?;
+    let mut got = Vec::new();
+    for wc in &wcs {
+        ensure!(wc.is_success(), "receive {:?}", wc.status());
+        let len = wc.byte_len() as usize;
+        let imm = wc.imm_data();
+        k.s.qp.reclaim(wc, |d| {
+            got.extend(d.chunks().map(|c| (c.as_slice()[..len].to_vec(), imm)))
+        });
+    }
+    ensure!(
+        got == vec![
+            (b"first".to_vec(), None),
+            (b"second".to_vec(), Some(0x1234))
+        ],
+        "received {got:?}"
+    );
+    let wc = poll_n(&k.c.cq, 1)?.pop().ok_or("no send completion")?;
+    let mut ids = Vec::new();
+    k.c.qp.reclaim(&wc, |d| ids.push(d.wr_id));
+    ensure!(ids == [10, 11], "the batch's completion ended {ids:?}");
+    // The basic path on the same QPs, both ways.
+    ping(&mut k.s, &mut k.c, b"server to client")?;
+    ping(&mut k.c, &mut k.s, b"client to server")?;
+    k.client.disconnect()?;
+    state_is(
+        &k.c.qp,
+        QpState::Err,
+        "extended client QP after rdma_disconnect",
+    )?;
+    expect_for(&k.sch, CmEventKind::Disconnected, &k.server)?;
+    Ok(())
+}
+
+/// The refusal of an RDMA read on a UDP id's extended QP.
+fn ch_ud_refusal(env: &Env) -> Result<String, Failed> {
+    let ch = EventChannel::new()?;
+    let id = ch.create_id(PortSpace::Udp)?;
+    id.bind(SocketAddr::new(cm_addr(env)?, 0))?;
+    let ctx = id.context()?;
+    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(8)?);
+    let attr = QpInitAttr::new(QpType::Ud, &cq, &cq).send_ops(SendOpsFlags::RDMA_READ);
+    let e = id
+        .create_qp(&pd, &attr)
+        .err()
+        .ok_or("RDMA_READ on UD accepted")?;
+    // The refusal left the id without a QP: a basic one can follow.
+    let qp = id.create_qp(&pd, &QpInitAttr::new(QpType::Ud, &cq, &cq))?;
+    ensure!(qp.send_ops().is_none(), "a basic QP with send_ops");
+    Ok(e.to_string())
 }
