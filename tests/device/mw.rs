@@ -272,13 +272,8 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
         p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
             .remove(0),
     )])?;
-    p.b.post_send([SendWr::new(3, SendOp::SendWithInv(rkey)).inline(b"")])?;
-    let wcs = poll_n(&p.cq, 2)?;
-    let recv = wcs
-        .iter()
-        .find(|w| w.qp_num() == p.a.qp_num())
-        .ok_or("no receive")?;
-    ensure!(recv.is_success(), "{recv:?}");
+    let (wcs, at) = send_with_inv(&mut p, rkey)?;
+    let recv = &wcs[at];
     ensure!(
         p.a.invalidated_rkey(recv) == Some(rkey),
         "invalidated {:?}, flags {:?}, rkey {rkey:#x}, {recv:?}",
@@ -297,12 +292,37 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
         !mw.is_bound() && !mw.holds_region(),
         "still bound after SEND_WITH_INV"
     );
+    expect_revoked(&mut p, &mut mw, bind.remote_addr(), rkey)
+}
+
+/// `b` sends with invalidate naming `rkey` (a receive must be posted for
+/// `a`); both completions, and where `a`'s successful receive is among them.
+fn send_with_inv(p: &mut MwPair, rkey: u32) -> Result<(Vec<WorkCompletion>, usize), Failed> {
+    p.b.post_send([SendWr::new(3, SendOp::SendWithInv(rkey)).inline(b"")])?;
+    let wcs = poll_n(&p.cq, 2)?;
+    let at = wcs
+        .iter()
+        .position(|w| w.qp_num() == p.a.qp_num())
+        .ok_or("no receive")?;
+    ensure!(wcs[at].is_success(), "{:?}", wcs[at]);
+    Ok((wcs, at))
+}
+
+/// After the peer invalidated `mw` (and the receive was reclaimed): a
+/// local invalidation is refused (the window is free), and the peer's read
+/// through `rkey` fails with REM_ACCESS_ERR.
+fn expect_revoked(
+    p: &mut MwPair,
+    mw: &mut MemoryWindow,
+    addr: u64,
+    rkey: u32,
+) -> Result<(), Failed> {
     let e =
-        p.a.invalidate_mw(4, &mut mw)
+        p.a.invalidate_mw(4, mw)
             .err()
             .ok_or("a window freed by the peer invalidated")?;
     ensure!(e.error.to_string().contains("free"), "{e}");
-    let (st, _) = peer_read(&mut p, bind.remote_addr(), rkey, 8)?;
+    let (st, _) = peer_read(p, addr, rkey, 8)?;
     expect_refused(st, "read after SEND_WITH_INV")
 }
 
@@ -323,13 +343,8 @@ fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
         .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
         .remove(0);
     srq.post_recv([RecvWr::new(2).sge(buf)])?;
-    p.b.post_send([SendWr::new(3, SendOp::SendWithInv(rkey)).inline(b"")])?;
-    let wcs = poll_n(&p.cq, 2)?;
-    let recv = wcs
-        .iter()
-        .find(|w| w.qp_num() == p.a.qp_num())
-        .ok_or("no receive")?;
-    ensure!(recv.is_success(), "{recv:?}");
+    let (wcs, at) = send_with_inv(&mut p, rkey)?;
+    let recv = &wcs[at];
     ensure!(
         srq.invalidated_rkey(recv) == Some(rkey) && p.a.invalidated_rkey(recv) == Some(rkey),
         "invalidated {:?} (SRQ) {:?} (QP), flags {:?}, rkey {rkey:#x}",
@@ -353,13 +368,7 @@ fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
     for wc in &wcs {
         p.b.reclaim(wc, drop);
     }
-    let e =
-        p.a.invalidate_mw(4, &mut mw)
-            .err()
-            .ok_or("a window freed by the peer invalidated")?;
-    ensure!(e.error.to_string().contains("free"), "{e}");
-    let (st, _) = peer_read(&mut p, bind.remote_addr(), rkey, 8)?;
-    expect_refused(st, "read after SEND_WITH_INV")
+    expect_revoked(&mut p, &mut mw, bind.remote_addr(), rkey)
 }
 
 /// A bind handed back by a RESET may or may not have run: the window's
