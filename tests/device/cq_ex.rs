@@ -2,7 +2,8 @@
 //! checked against what is known (QP numbers, lengths, immediates); the
 //! fields it refuses; reclaiming through a `PolledWc`; batches (empty, many
 //! more completions than the CQ holds, dropped in the middle); flushed
-//! completions; the basic poll refused on the extended CQ.
+//! completions; the basic poll refused on the extended CQ; an event through
+//! a completion channel, and SRQ receives reclaimed on the SRQ.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ),
     ("cq_ex::basic_poll_refused_on_as_cq", basic_poll_refused),
     ("cq_ex::flushed_completions_read_and_reclaimed", flushed),
+    (
+        "cq_ex::event_through_a_channel_and_srq_reclaim",
+        event_and_srq,
+    ),
 ];
 
 /// Two connected QPs of type `t` whose completions all go to `cq`.
@@ -591,5 +596,96 @@ fn flushed(env: &Env) -> Result<(), Failed> {
         "flushed receives handed back: {back:?}"
     );
     ensure!(p.a.outstanding_recvs() == 0, "receives outstanding");
+    Ok(())
+}
+
+/// Waits (non-blocking reads, up to the deadline) for the channel's next
+/// event; `None` when it stays empty that long.
+fn next_event(
+    ch: &CompletionChannel,
+    wait: Duration,
+) -> Result<Option<rdma_verbs::CqEvent>, Failed> {
+    let start = Instant::now();
+    loop {
+        match ch.get_event() {
+            Ok(ev) => return Ok(Some(ev)),
+            Err(e) if e.errno() == Some(libc::EAGAIN) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if start.elapsed() > wait {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// An extended CQ with a completion channel: armed, it signals one event
+/// for the completions that follow (none before, none unarmed); a receive
+/// taken from an SRQ, polled as a `PolledWc`, is reclaimed on the SRQ
+/// itself (once: the QP's reclaim then ends nothing).
+fn event_and_srq(env: &Env) -> Result<(), Failed> {
+    let channel = CompletionChannel::new(&env.ctx)?;
+    channel.set_nonblocking(true)?;
+    let mut cq = env
+        .ctx
+        .create_cq_ex(16)
+        .byte_len()
+        .qp_num()
+        .channel(&channel, 0)
+        .build()?;
+    let pd = env.ctx.alloc_pd()?;
+    let srq = pd.create_srq(4, 1, 0)?;
+    let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq());
+    let mut a = pd.create_qp(&attr)?;
+    let mut b = pd.create_qp(&attr.clone().srq(&srq))?;
+    connect(env, &mut a, &mut b, AccessFlags::empty())?;
+    cq.req_notify(false)?;
+    ensure!(
+        next_event(&channel, Duration::ZERO)?.is_none(),
+        "an event before any completion"
+    );
+    for round in 0..2u64 {
+        let mut bufs = chunks(&pd, 2, 64)?;
+        let mut out = bufs.pop().unwrap();
+        out.as_mut_slice()[..5].copy_from_slice(b"hello");
+        srq.post_recv([RecvWr::new(7 + round).sge(bufs.pop().unwrap())])?;
+        a.post_send([SendWr::new(1, SendOp::Send).sge_len(out, 5)])?;
+        if round == 0 {
+            // Armed: one event for this CQ.
+            let ev = next_event(&channel, deadline())?.ok_or("no CQ event")?;
+            ensure!(ev.is_for(cq.as_cq()), "an event for another CQ");
+        }
+        let (qa, qb) = (a.qp_num(), b.qp_num());
+        let mut got = Vec::new();
+        drain(&mut cq, 2, |wc| {
+            ensure!(wc.is_success(), "{wc:?}");
+            if wc.qp_num() == qb {
+                let len = wc.byte_len() as usize;
+                let n = srq.reclaim(wc, |d| {
+                    let id = d.wr_id;
+                    got.extend(d.chunks().map(|c| (id, c.as_slice()[..len].to_vec())))
+                });
+                ensure!(n == 1, "the SRQ ended {n} receives");
+                ensure!(srq.reclaim(wc, drop) == 0, "a receive reclaimed twice");
+                ensure!(b.reclaim(wc, drop) == 0, "reclaimed again through the QP");
+            } else {
+                ensure!(wc.qp_num() == qa, "qp_num {:#x}", wc.qp_num());
+                ensure!(a.reclaim(wc, drop) == 1, "the send not ended");
+            }
+            Ok(())
+        })?;
+        ensure!(
+            got == vec![(7 + round, b"hello".to_vec())],
+            "round {round}: received {got:?}"
+        );
+        ensure!(srq.outstanding() == 0, "receives left in the SRQ");
+        if round == 1 {
+            // Not re-armed after the first event: no second one.
+            ensure!(
+                next_event(&channel, Duration::from_millis(100))?.is_none(),
+                "an event without req_notify"
+            );
+        }
+    }
     Ok(())
 }
