@@ -90,16 +90,7 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
     };
     let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
     let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
-    let o = ConnectOptions {
-        port: env.port,
-        ..Default::default()
-    };
-    let (ea, eb) = (
-        a.local_endpoint(&o, Psn::new(1)?)?,
-        b.local_endpoint(&o, Psn::new(2)?)?,
-    );
-    a.connect(&o, ea.psn, &eb)?;
-    b.connect(&o, eb.psn, &ea)?;
+    common::connect(env, &mut a, &mut b, AccessFlags::empty())?;
 
     // Fixed homes for the chunks between rounds: no Vec pushes.
     let mut bufs = pd
@@ -382,16 +373,7 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
         "the sender is not an extended QP: {:?}",
         a.send_ops()
     );
-    let o = ConnectOptions {
-        port: env.port,
-        ..Default::default()
-    };
-    let (ea, eb) = (
-        a.local_endpoint(&o, Psn::new(1)?)?,
-        b.local_endpoint(&o, Psn::new(2)?)?,
-    );
-    a.connect(&o, ea.psn, &eb)?;
-    b.connect(&o, eb.psn, &ea)?;
+    common::connect(env, &mut a, &mut b, AccessFlags::empty())?;
     let mut bufs = pd
         .alloc_chunks(32, 256, AccessFlags::LOCAL_WRITE)?
         .into_iter();
