@@ -49,9 +49,12 @@ bitflags::bitflags! {
 
 impl SendOpsFlags {
     /// The operations of [`SendOp`] a transport can post: what
-    /// [`QpInitAttr::send_ops`] accepts for it (RC: all ten; UC: sends,
+    /// [`QpInitAttr::send_ops`] accepts for it, and what
+    /// [`QueuePair::post_send`] lets through (RC: all ten; UC: sends,
     /// RDMA writes and memory-window binds; UD: sends; RAW_PACKET: plain
-    /// sends).
+    /// sends). This is the table of the `ibv_wr_post` man page, except
+    /// that UC has no `LOCAL_INV`: rxe (Linux 6.1, `rxe_opcode.c`) accepts
+    /// `IB_WR_LOCAL_INV` on RC QPs only.
     pub fn for_transport(qp_type: QpType) -> Self {
         let sends = Self::SEND | Self::SEND_WITH_IMM;
         let writes = Self::RDMA_WRITE | Self::RDMA_WRITE_WITH_IMM;
