@@ -8,7 +8,9 @@
 //!
 //! * **Type 1** windows are bound with `ibv_bind_mw`
 //!   ([`QueuePair::bind_mw`]), which the provider turns into a request on
-//!   the QP's send queue; the new rkey is chosen by the provider.
+//!   the QP's send queue; the new rkey is chosen by the provider. They
+//!   are revoked by binding them again elsewhere, by an unbind (a bind of
+//!   length 0: [`QueuePair::unbind_mw`]), or by deallocation.
 //! * **Type 2** windows are bound by a posted request: `IBV_WR_BIND_MW`
 //!   through [`QueuePair::bind_mw`], or `ibv_wr_bind_mw` in an extended
 //!   QP's batch ([`WrBatch::bind_mw`](crate::qp::WrBatch::bind_mw)); the
@@ -26,7 +28,8 @@
 //! (zero-based windows are not offered); `REMOTE_WRITE` or
 //! `REMOTE_ATOMIC` on a region without `LOCAL_WRITE`; a QP not in RTS
 //! (binding and invalidating post to the send queue) or not RC/UC; a type 1
-//! window in a batch, or invalidated (only type 2 windows are); a device
+//! window in a batch, or invalidated (only type 2 windows are); a type 2
+//! window unbound, or a type 1 window not known to be bound; a device
 //! without memory windows of the type ([`Error::Unsupported`] at
 //! allocation).
 //!
@@ -694,14 +697,67 @@ impl QueuePair {
         }
     }
 
+    /// Unbinds type 1 memory window `mw`: `ibv_bind_mw` with a length of
+    /// 0, revoking peers' access once the request has run. Returns the
+    /// window's new rkey (a bind, even of nothing, moves it on).
+    ///
+    /// The request names the region the window is bound to (providers
+    /// such as mlx4 read its lkey even for an unbind), so the window must
+    /// be known to be bound: refused before any call otherwise, and for
+    /// type 2 windows (see [`invalidate_mw`](Self::invalidate_mw)), a QP
+    /// not in RTS, another PD. Like a bind, it takes a send-queue slot and
+    /// [`reclaim`](Self::reclaim) ends it; the region stays registered
+    /// until then (or until a RESET or the QP's destruction).
+    #[doc(alias = "ibv_bind_mw")]
+    pub fn unbind_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<u32, PostError> {
+        const VERB: &str = "ibv_bind_mw";
+        let region =
+            check_unbind(VERB, self, mw).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
+        let qp = self.as_ptr();
+        let raw_mw = mw.as_ptr();
+        // SAFETY: the region is live: the window holds it (`bound`), and
+        // from here the loan does until the request has ended.
+        let addr = unsafe { (*region.as_ptr()).addr } as u64;
+        let info = sys::ibv_mw_bind_info {
+            mr: region.as_ptr(),
+            addr,
+            length: 0,
+            mw_access_flags: 0,
+        };
+        let loan = mw.lend_invalidate();
+        self.post_one_loan(
+            VERB,
+            wr_id,
+            (Default::default(), None, Some(loan)),
+            restore,
+            |tag| {
+                let mut b = sys::ibv_mw_bind {
+                    wr_id: tag,
+                    send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                    bind_info: info,
+                };
+                // Live QP and type 1 window of one PD (checked); `info.mr`
+                // is the live region the loan holds; `mw` is borrowed
+                // mutably, so nothing else reads or writes its fields.
+                // SAFETY: see above.
+                unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
+            },
+        )?;
+        // SAFETY: the window is live; `&mut mw` excludes other accesses to
+        // its fields, and the call above has returned.
+        let rkey = unsafe { (*raw_mw).rkey };
+        mw.inner.keep().rkey.store(rkey, Ordering::Relaxed);
+        Ok(rkey)
+    }
+
     /// Invalidates type 2 memory window `mw` with a local invalidation
     /// (`IBV_WR_LOCAL_INV` naming its rkey), revoking peers' access once
     /// the request has run.
     ///
     /// The region the window held stays registered until the request's
     /// completion is reclaimed (or the QP is reset or destroyed). Refused
-    /// before any call: type 1 windows (which are unbound by binding them
-    /// with no region), a QP not in RTS, another PD.
+    /// before any call: type 1 windows (which are unbound with
+    /// [`unbind_mw`](Self::unbind_mw)), a QP not in RTS, another PD.
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     pub fn invalidate_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_send";
@@ -798,6 +854,28 @@ pub(crate) fn invalidated_by_peer(ctx: &Context, rkey: u32) {
                 s.bound = None;
             }
         }
+    }
+}
+
+/// The checks of a type 1 unbind; the region the window is bound to.
+fn check_unbind(verb: &'static str, qp: &QueuePair, mw: &MemoryWindow) -> Result<Arc<MrInner>> {
+    if mw.ty != MwType::Type1 {
+        return Err(Error::invalid(
+            verb,
+            "only type 1 windows are unbound (a type 2 window is invalidated)",
+        ));
+    }
+    check_qp(verb, qp, mw)?;
+    let s = slot(&mw.inner);
+    match (s.state, &s.bound) {
+        (MwState::Bound, Some(region)) => Ok(Arc::clone(region)),
+        (state, _) => Err(Error::invalid(
+            verb,
+            format!(
+                "a window is unbound only when known to be bound, and {}",
+                state.describe()
+            ),
+        )),
     }
 }
 

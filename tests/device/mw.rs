@@ -28,6 +28,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
         remote_invalidate_srq,
     ),
     ("mw::type1_bind_and_access", type1),
+    ("mw::type1_unbind_revokes_the_window", type1_unbind),
     (
         "mw::a_reset_leaves_the_window_state_unknown",
         reset_leaves_state_unknown,
@@ -443,6 +444,55 @@ fn type1(env: &Env) -> Result<(), Failed> {
     );
     let (st, _) = peer_read(&mut p, bind.remote_addr(), rkey, 4)?;
     expect_refused(st, "read with the rkey of the previous bind")
+}
+
+/// A type 1 window unbound (`ibv_bind_mw` of length 0): a new rkey, the
+/// region let go once the request is reclaimed, a second unbind refused,
+/// and the peer's read through the old rkey refused. Type 2 windows are
+/// not unbound (they are invalidated).
+fn type1_unbind(env: &Env) -> Result<(), Failed> {
+    let mut p = mw_pair(env)?;
+    let mr = window_region(&p.pd, 4096)?;
+    let mut mw = p.pd.alloc_mw(MwType::Type1)?;
+    let e =
+        p.a.unbind_mw(1, &mut mw)
+            .err()
+            .ok_or("a window never bound was unbound")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
+    let mut two = p.pd.alloc_mw(MwType::Type2)?;
+    let e =
+        p.a.unbind_mw(1, &mut two)
+            .err()
+            .ok_or("a type 2 window was unbound")?;
+    ensure!(e.error.to_string().contains("type 1"), "{e}");
+    let bind = MwBind::new(&mr, 256, 256, AccessFlags::REMOTE_READ).wr_id(2);
+    let rkey = p.a.bind_mw(&mut mw, &bind)?;
+    let (wc, _, _) = one(&mut p)?;
+    ensure!(wc.is_success(), "bind {wc:?}");
+    ensure!(
+        peer_read(&mut p, bind.remote_addr(), rkey, 8)?.0 == WcStatus::Success,
+        "read through the bound window"
+    );
+    let unbound = p.a.unbind_mw(3, &mut mw)?;
+    ensure!(
+        unbound != rkey && mw.rkey() == unbound,
+        "rkey {rkey:#x} -> {unbound:#x}, window says {:#x}",
+        mw.rkey()
+    );
+    ensure!(!mw.is_bound(), "bound while the unbind is in flight");
+    let (wc, id, chunks) = one(&mut p)?;
+    ensure!(
+        wc.is_success() && wc.opcode() == Ok(WcOpcode::BindMw) && id == 3 && chunks.is_empty(),
+        "unbind: {wc:?}, id {id}"
+    );
+    ensure!(
+        !mw.is_bound() && !mw.holds_region(),
+        "still bound after the unbind"
+    );
+    let e = p.a.unbind_mw(4, &mut mw).err().ok_or("unbound twice")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
+    let (st, _) = peer_read(&mut p, bind.remote_addr(), rkey, 8)?;
+    expect_refused(st, "read through an unbound type 1 window")
 }
 
 fn rules(env: &Env) -> Result<(), Failed> {
