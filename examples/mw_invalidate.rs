@@ -15,7 +15,7 @@
 //!       --remote-inv      the client invalidates the window with SEND_WITH_INV
 //!                         (default: the server invalidates it with LOCAL_INV)
 //!       --type1           a type 1 window, bound with ibv_bind_mw and revoked by
-//!                         deallocating it (default: a type 2 window)
+//!                         unbinding it (default: a type 2 window)
 //! ```
 //! Both sides must be given the same `--size`, `--remote-inv` and `--type1`.
 //! On soft-RoCE both can run on one machine:
@@ -53,9 +53,8 @@
 //!      QP, which knows its device, reads that bit as an invalidation;
 //!    * `--type1`: type 1 windows cannot be invalidated (neither
 //!      `LOCAL_INV` nor `SEND_WITH_INV`); ibv_alloc_mw(3) names two ways
-//!      to revoke one: binding it with zero length, which this crate's
-//!      [`MwBind`] does not offer, or deallocating it, which the server
-//!      does (`MemoryWindow::close`).
+//!      to revoke one: binding it with zero length, which the server does
+//!      (`QueuePair::unbind_mw`, a new rkey), or deallocating it.
 //! 4. The client RDMA-reads through the window once more: the read must
 //!    complete with `IBV_WC_REM_ACCESS_ERR`. That error is fatal to the
 //!    connection: the client's QP (the requester) and the server's (the
@@ -112,6 +111,7 @@ const RECV_FILL: u8 = 0x5a;
 const WR_BIND: u64 = 1;
 const WR_INV: u64 = 2;
 const WR_RECV: u64 = 3;
+const WR_UNBIND: u64 = 4;
 const WR_READ: u64 = 10;
 const WR_WRITE: u64 = 11;
 const WR_SEND_INV: u64 = 12;
@@ -122,6 +122,7 @@ fn describe(wr_id: u64) -> &'static str {
         WR_BIND => "the bind",
         WR_INV => "the local invalidation",
         WR_RECV => "the receive",
+        WR_UNBIND => "the unbind",
         WR_READ => "the RDMA read through the window",
         WR_WRITE => "the RDMA write through the window",
         WR_SEND_INV => "the SEND_WITH_INV",
@@ -137,7 +138,7 @@ enum Mode {
     Local,
     /// Type 2, `IBV_WR_SEND_WITH_INV` by the client.
     Remote,
-    /// Type 1, deallocated by the server.
+    /// Type 1, unbound by the server (a bind of length 0).
     Type1,
 }
 
@@ -594,9 +595,16 @@ fn serve(
         }
         Mode::Type1 => {
             // No LOCAL_INV for type 1 (the crate refuses it, as the verbs
-            // do), and no zero-length bind in MwBind: deallocate it.
-            mw.close()?;
-            println!("mw_invalidate: type 1 window deallocated (rkey {rkey:#x})");
+            // do): a bind of length 0 unbinds it.
+            let new = qp.unbind_mw(WR_UNBIND, &mut mw)?;
+            wait_one(cq, qp, peer)?.expect(WR_UNBIND, WcOpcode::BindMw)?;
+            if mw.is_bound() {
+                return Err("the window still says it is bound after the unbind".into());
+            }
+            println!(
+                "mw_invalidate: type 1 window unbound by a bind of length 0 \
+                 (rkey {rkey:#x}, now {new:#x})"
+            );
         }
     }
     peer.send("INVALIDATED")?;

@@ -1,7 +1,7 @@
 //! The `mw_invalidate` example (memory windows), server and client, in each
 //! way of revoking the window: a type 2 window invalidated by the server's
 //! LOCAL_INV, by the client's SEND_WITH_INV (`--remote-inv`), and a type 1
-//! window deallocated (`--type1`); once with a one-byte window.
+//! window unbound (`--type1`); once with a one-byte window.
 //!
 //! Each run must end with both processes exiting 0 after printing the lines
 //! of every step: the read through the window matched, the write through
@@ -30,7 +30,7 @@ fn main() -> std::process::ExitCode {
     let tests: &[(&str, TestFn)] = &[
         ("mw_example::local_invalidate", local_invalidate),
         ("mw_example::remote_invalidate", remote_invalidate),
-        ("mw_example::type1_dealloc", type1_dealloc),
+        ("mw_example::type1_unbind", type1_unbind),
         ("mw_example::one_byte_window", one_byte_window),
         ("mw_example::mismatched_modes", mismatched_modes),
         ("mw_example::bad_command_line", bad_command_line),
@@ -74,13 +74,13 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn type1_dealloc(env: &Env) -> Result<(), Failed> {
+fn type1_unbind(env: &Env) -> Result<(), Failed> {
     let (server, client) = good_run(env, &["--type1"], 19_302, 4096)?;
     let rkey = window_rkey(&client)?;
     ensure!(server.contains("type 1 window bound"), "server:\n{server}");
     expect_line(
         &server,
-        &format!("type 1 window deallocated (rkey {rkey})"),
+        &format!("type 1 window unbound by a bind of length 0 (rkey {rkey}, now "),
         "server",
     )?;
     eprintln!("mw_example: type 1: {}", last_line(&client));
