@@ -11,11 +11,13 @@ mod common;
 mod cm;
 mod data;
 mod gid;
+mod mw;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
+    tests.extend_from_slice(mw::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     common::run("adversarial", &tests)
