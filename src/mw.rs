@@ -635,33 +635,8 @@ impl QueuePair {
         let flags = bind.send_flags();
         match mw.ty {
             MwType::Type1 => {
-                // The provider picks the rkey and writes it into the window
-                // during the call; it is read back after.
                 let loan = mw.lend_bind(bind.mr, mw.rkey());
-                self.post_one_loan(
-                    verb,
-                    bind.wr_id,
-                    (Default::default(), None, Some(loan)),
-                    restore,
-                    |tag| {
-                        let mut b = sys::ibv_mw_bind {
-                            wr_id: tag,
-                            send_flags: flags,
-                            bind_info: info,
-                        };
-                        // Live QP and window of one PD (checked); the region
-                        // `info.mr` is live and held by the window from now on
-                        // (`lend_bind`); `mw` is borrowed mutably, so nothing
-                        // else reads or writes the window's fields.
-                        // SAFETY: see above.
-                        unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
-                    },
-                )?;
-                // SAFETY: the window is live; `&mut mw` excludes other
-                // accesses to its fields, and the call above has returned.
-                let rkey = unsafe { (*raw_mw).rkey };
-                mw.inner.keep().rkey.store(rkey, Ordering::Relaxed);
-                Ok(rkey)
+                self.post_type1_bind(mw, bind.wr_id, flags, info, loan)
             }
             MwType::Type2 => {
                 let (_, current, rkey, loan) = internal::lend_type2_bind(mw, bind.mr);
@@ -713,8 +688,6 @@ impl QueuePair {
         const VERB: &str = "ibv_bind_mw";
         let region =
             check_unbind(VERB, self, mw).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
-        let qp = self.as_ptr();
-        let raw_mw = mw.as_ptr();
         // SAFETY: the region is live: the window holds it (`bound`), and
         // from here the loan does until the request has ended.
         let addr = unsafe { (*region.as_ptr()).addr } as u64;
@@ -725,20 +698,39 @@ impl QueuePair {
             mw_access_flags: 0,
         };
         let loan = mw.lend_invalidate();
+        let signaled = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        self.post_type1_bind(mw, wr_id, signaled, info, loan)
+    }
+
+    /// Posts `ibv_bind_mw` of type 1 window `mw` (checked) with `info`,
+    /// whose region `loan` holds until the request has ended; returns the
+    /// rkey the provider gave the window (it writes it into the window
+    /// during the call).
+    fn post_type1_bind(
+        &mut self,
+        mw: &mut MemoryWindow,
+        wr_id: u64,
+        send_flags: u32,
+        info: sys::ibv_mw_bind_info,
+        loan: MwLoan,
+    ) -> Result<u32, PostError> {
+        let qp = self.as_ptr();
+        let raw_mw = mw.as_ptr();
         self.post_one_loan(
-            VERB,
+            "ibv_bind_mw",
             wr_id,
             (Default::default(), None, Some(loan)),
             restore,
             |tag| {
                 let mut b = sys::ibv_mw_bind {
                     wr_id: tag,
-                    send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                    send_flags,
                     bind_info: info,
                 };
-                // Live QP and type 1 window of one PD (checked); `info.mr`
-                // is the live region the loan holds; `mw` is borrowed
-                // mutably, so nothing else reads or writes its fields.
+                // Live QP and type 1 window of one PD (checked by the
+                // caller); the region `info.mr` is live, held by the loan
+                // from now on; `mw` is borrowed mutably, so nothing else
+                // reads or writes the window's fields.
                 // SAFETY: see above.
                 unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
             },
