@@ -313,15 +313,17 @@ pub fn empty_gid_index(env: &Env, limit: u32) -> Result<u32, Failed> {
         })
 }
 
-/// The address vector for reaching endpoint `ep` (a UD peer on this
-/// device): its LID, and on RoCE its GID through the table entry that
-/// holds it (hop limit 64).
-#[allow(dead_code)]
-pub fn ud_av(
+/// A UD destination for sends to `to` on the test port: its endpoint
+/// (PSN 1) and an address handle in `pd` (with a GRH naming the endpoint's
+/// GID on RoCE).
+pub fn ud_dest(
     env: &Env,
-    ep: &rdma_verbs::qp::Endpoint,
-) -> Result<rdma_verbs::qp::AddressVector, Failed> {
-    use rdma_verbs::qp::{AddressVector, GlobalRoute};
+    pd: &rdma_verbs::ProtectionDomain,
+    to: &rdma_verbs::QueuePair,
+) -> Result<(rdma_verbs::AddressHandle, rdma_verbs::qp::Endpoint), Failed> {
+    use rdma_verbs::qp::{AddressVector, GlobalRoute, Psn};
+    let o = opts(env, rdma_verbs::AccessFlags::empty());
+    let ep = to.local_endpoint(&o, Psn::new(1)?)?;
     let mut av = AddressVector::new(env.port).dlid(ep.lid);
     if !ep.gid.is_zero() {
         let idx = env
@@ -333,7 +335,22 @@ pub fn ud_av(
             .unwrap_or(0);
         av = av.global(GlobalRoute::new(ep.gid, idx).hop_limit(64));
     }
-    Ok(av)
+    Ok((pd.create_ah(&av)?, ep))
+}
+
+/// A region peers may read, write and run atomics on.
+pub fn remote_region(
+    pd: &rdma_verbs::ProtectionDomain,
+    len: usize,
+) -> Result<rdma_verbs::MemoryRegion, Failed> {
+    use rdma_verbs::AccessFlags;
+    Ok(pd.register(
+        len,
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+    )?)
 }
 
 /// Reclaims `wc` on whichever of `qps` it belongs to (a basic or an

@@ -15,7 +15,7 @@ use rdma_verbs::{
     QpInitAttr, QpState, QpType, QueuePair, StandardFields, WcOpcode, WcStatus,
 };
 
-use crate::common::{connect, deadline, opts, poll_n, scaled, Env, TestFn};
+use crate::common::{connect, deadline, poll_n, scaled, Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     (
@@ -230,10 +230,7 @@ fn write_with_imm(env: &Env) -> Result<(), Failed> {
 fn ud_fields(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(16).standard().build()?;
     let mut p = ex_pair(env, QpType::Ud, cq, QpCaps::default(), AccessFlags::empty())?;
-    let o = opts(env, AccessFlags::empty());
-    let eb = p.b.local_endpoint(&o, Psn::new(1)?)?;
-    let av = crate::common::ud_av(env, &eb)?;
-    let ah = p.pd.create_ah(&av)?;
+    let (ah, eb) = crate::common::ud_dest(env, &p.pd, &p.b)?;
     let mut bufs = chunks(&p.pd, 2, 1024 + 40)?;
     let mut send = bufs.pop().unwrap();
     send.as_mut_slice()[..9].copy_from_slice(b"datagram!");

@@ -128,20 +128,10 @@ fn send_recv_imm_inline(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn remote_region(p: &Pair, len: usize) -> Result<rdma_verbs::MemoryRegion, Failed> {
-    Ok(p.pd.register(
-        len,
-        AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC,
-    )?)
-}
-
 fn rdma_write_read(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
-    let mut region = remote_region(&p, 8192)?;
+    let mut region = crate::common::remote_region(&p.pd, 8192)?;
     region.write(0, &[0xee; 8192])?;
     let remote = RemoteAddr {
         addr: region.addr() + 100,
@@ -224,7 +214,7 @@ fn atomics(env: &Env) -> Result<(), Failed> {
     }
     let access = AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
-    let mut region = remote_region(&p, 64)?;
+    let mut region = crate::common::remote_region(&p.pd, 64)?;
     region.write(8, &40u64.to_ne_bytes())?;
     let remote = RemoteAddr {
         addr: region.addr() + 8,
@@ -555,10 +545,7 @@ fn bad_posts(env: &Env) -> Result<(), Failed> {
 
 fn ud_with_ah(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
-    let o = opts(env, AccessFlags::empty());
-    let eb = p.b.local_endpoint(&o, Psn::new(1)?)?;
-    let av = crate::common::ud_av(env, &eb)?;
-    let ah = p.pd.create_ah(&av)?;
+    let (ah, eb) = crate::common::ud_dest(env, &p.pd, &p.b)?;
     let mut bufs = chunks(&p, 2, 1024 + 40)?;
     let mut send = bufs.pop().unwrap();
     send.as_mut_slice()[..9].copy_from_slice(b"datagram!");
@@ -742,7 +729,7 @@ fn shared_source(env: &Env) -> Result<(), Failed> {
         ..QpCaps::default()
     };
     let mut p = pair(env, QpType::Rc, caps, access)?;
-    let region = remote_region(&p, 4096)?;
+    let region = crate::common::remote_region(&p.pd, 4096)?;
     let remote = |i: u64| RemoteAddr {
         addr: region.addr() + 256 * i,
         rkey: region.rkey(),

@@ -8,11 +8,11 @@ use std::time::Duration;
 use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
-    AccessFlags, Chunk, CompletionQueue, Error, MemoryRegion, ProtectionDomain, QpInitAttr,
-    QpState, QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Chunk, CompletionQueue, Error, ProtectionDomain, QpInitAttr, QpState, QpType,
+    QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, opts, poll_n, Env, TestFn};
+use crate::common::{connect, poll_n, Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("ex::creation_is_checked_first", creation_checks),
@@ -143,17 +143,6 @@ fn creation_checks(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A region peers may read, write and run atomics on.
-fn remote_region(pd: &ProtectionDomain, len: usize) -> Result<MemoryRegion, Failed> {
-    Ok(pd.register(
-        len,
-        AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC,
-    )?)
-}
-
 fn every_rc_operation(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     let caps = QpCaps {
@@ -162,7 +151,7 @@ fn every_rc_operation(env: &Env) -> Result<(), Failed> {
         ..QpCaps::default()
     };
     let mut p = ex_pair(env, QpType::Rc, rc_ops(), caps, access)?;
-    let mut region = remote_region(&p.pd, 8192)?;
+    let mut region = crate::common::remote_region(&p.pd, 8192)?;
     region.write(0, &[0xee; 8192])?;
     region.write(0, &100u64.to_ne_bytes())?; // compare-and-swap target
     region.write(8, &5u64.to_ne_bytes())?; // fetch-and-add target
@@ -325,10 +314,7 @@ fn ud_batch(env: &Env) -> Result<(), Failed> {
         QpCaps::default(),
         AccessFlags::empty(),
     )?;
-    let o = opts(env, AccessFlags::empty());
-    let eb = p.b.local_endpoint(&o, Psn::new(1)?)?;
-    let av = crate::common::ud_av(env, &eb)?;
-    let ah = p.pd.create_ah(&av)?;
+    let (ah, eb) = crate::common::ud_dest(env, &p.pd, &p.b)?;
     let mut bufs = chunks(&p.pd, 3, 1024 + 40)?;
     let mut send = bufs.pop().unwrap();
     send.as_mut_slice()[..9].copy_from_slice(b"datagram!");
@@ -394,7 +380,7 @@ fn uc_batch(env: &Env) -> Result<(), Failed> {
         QpCaps::default(),
         AccessFlags::REMOTE_WRITE,
     )?;
-    let region = remote_region(&p.pd, 4096)?;
+    let region = crate::common::remote_region(&p.pd, 4096)?;
     let mut bufs = chunks(&p.pd, 2, 128)?;
     let mut src = bufs.pop().unwrap();
     src.as_mut_slice()[..4].copy_from_slice(b"ucwr");
