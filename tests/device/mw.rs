@@ -110,6 +110,15 @@ fn peer_read(
     Ok((status, chunks[0].as_slice().to_vec()))
 }
 
+/// `a` binds `mw` with `bind`; the bind's completion, reclaimed, must be
+/// a success. The window's rkey.
+fn bind_done(p: &mut MwPair, mw: &mut MemoryWindow, bind: &MwBind<'_>) -> Result<u32, Failed> {
+    let rkey = p.a.bind_mw(mw, bind)?;
+    let (wc, _, _) = one(p)?;
+    ensure!(wc.is_success(), "bind {wc:?}");
+    Ok(rkey)
+}
+
 /// `b` writes `data` at `addr` with `rkey`; the completion's status.
 fn peer_write(p: &mut MwPair, addr: u64, rkey: u32, data: &[u8]) -> Result<WcStatus, Failed> {
     let mut src =
@@ -261,9 +270,7 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
     let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ).wr_id(1);
-    let rkey = p.a.bind_mw(&mut mw, &bind)?;
-    let (wc, _, _) = one(&mut p)?;
-    ensure!(wc.is_success(), "bind {wc:?}");
+    let rkey = bind_done(&mut p, &mut mw, &bind)?;
     ensure!(
         peer_read(&mut p, bind.remote_addr(), rkey, 8)?.0 == WcStatus::Success,
         "read"
@@ -337,9 +344,7 @@ fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
     let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ).wr_id(1);
-    let rkey = p.a.bind_mw(&mut mw, &bind)?;
-    let (wc, _, _) = one(&mut p)?;
-    ensure!(wc.is_success(), "bind {wc:?}");
+    let rkey = bind_done(&mut p, &mut mw, &bind)?;
     let buf = srq_pd
         .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
         .remove(0);
@@ -466,9 +471,7 @@ fn type1_unbind(env: &Env) -> Result<(), Failed> {
             .ok_or("a type 2 window was unbound")?;
     ensure!(e.error.to_string().contains("type 1"), "{e}");
     let bind = MwBind::new(&mr, 256, 256, AccessFlags::REMOTE_READ).wr_id(2);
-    let rkey = p.a.bind_mw(&mut mw, &bind)?;
-    let (wc, _, _) = one(&mut p)?;
-    ensure!(wc.is_success(), "bind {wc:?}");
+    let rkey = bind_done(&mut p, &mut mw, &bind)?;
     ensure!(
         peer_read(&mut p, bind.remote_addr(), rkey, 8)?.0 == WcStatus::Success,
         "read through the bound window"
