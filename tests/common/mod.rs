@@ -338,6 +338,30 @@ pub fn ud_dest(
     Ok((pd.create_ah(&av)?, ep))
 }
 
+/// One datagram from UD QP `a` to UD QP `b` (both in `pd`): a receive of
+/// 1064 bytes (room for the GRH) posted on `b` as wr_id 1, then `a`'s
+/// SEND_WITH_IMM 42 of `datagram!` (9 bytes) as wr_id 2, with Q_Key
+/// `QKey::PINGPONG`. The address handle the send names.
+pub fn post_datagram(
+    env: &Env,
+    pd: &rdma_verbs::ProtectionDomain,
+    a: &mut rdma_verbs::QueuePair,
+    b: &mut rdma_verbs::QueuePair,
+) -> Result<rdma_verbs::AddressHandle, Failed> {
+    use rdma_verbs::qp::{QKey, RecvWr, SendOp, SendWr};
+    let (ah, eb) = ud_dest(env, pd, b)?;
+    let mut bufs = pd.alloc_chunks(2, 1024 + 40, rdma_verbs::AccessFlags::LOCAL_WRITE)?;
+    let mut send = bufs.pop().ok_or("no chunk")?;
+    send.as_mut_slice()[..9].copy_from_slice(b"datagram!");
+    b.post_recv([RecvWr::new(1).sge(bufs.pop().ok_or("no chunk")?)])?;
+    a.post_send(
+        [SendWr::new(2, SendOp::SendWithImm(42))
+            .sge_len(send, 9)
+            .ud(&ah, eb.qpn, QKey::PINGPONG)],
+    )?;
+    Ok(ah)
+}
+
 /// A region peers may read, write and run atomics on.
 pub fn remote_region(
     pd: &rdma_verbs::ProtectionDomain,

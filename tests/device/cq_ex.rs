@@ -230,16 +230,7 @@ fn write_with_imm(env: &Env) -> Result<(), Failed> {
 fn ud_fields(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(16).standard().build()?;
     let mut p = ex_pair(env, QpType::Ud, cq, QpCaps::default(), AccessFlags::empty())?;
-    let (ah, eb) = crate::common::ud_dest(env, &p.pd, &p.b)?;
-    let mut bufs = chunks(&p.pd, 2, 1024 + 40)?;
-    let mut send = bufs.pop().unwrap();
-    send.as_mut_slice()[..9].copy_from_slice(b"datagram!");
-    p.b.post_recv([RecvWr::new(1).sge(bufs.pop().unwrap())])?;
-    p.a.post_send(
-        [SendWr::new(2, SendOp::SendWithImm(42))
-            .sge_len(send, 9)
-            .ud(&ah, eb.qpn, QKey::PINGPONG)],
-    )?;
+    let _ah = crate::common::post_datagram(env, &p.pd, &mut p.a, &mut p.b)?;
     let sender_lid = env.ctx.query_port(env.port)?.lid;
     let (qa, qb) = (p.a.qp_num(), p.b.qp_num());
     let mut checked = false;

@@ -545,16 +545,7 @@ fn bad_posts(env: &Env) -> Result<(), Failed> {
 
 fn ud_with_ah(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
-    let (ah, eb) = crate::common::ud_dest(env, &p.pd, &p.b)?;
-    let mut bufs = chunks(&p, 2, 1024 + 40)?;
-    let mut send = bufs.pop().unwrap();
-    send.as_mut_slice()[..9].copy_from_slice(b"datagram!");
-    p.b.post_recv([RecvWr::new(1).sge(bufs.pop().unwrap())])?;
-    p.a.post_send(
-        [SendWr::new(2, SendOp::SendWithImm(42))
-            .sge_len(send, 9)
-            .ud(&ah, eb.qpn, QKey::PINGPONG)],
-    )?;
+    let ah = crate::common::post_datagram(env, &p.pd, &mut p.a, &mut p.b)?;
     drop(ah); // the send keeps its address handle alive
     let wcs = poll_n(&p.cq, 2)?;
     for wc in &wcs {
