@@ -601,6 +601,7 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
             cq,
             raw,
             rxe: attr.vendor_id == RXE_VENDOR_ID,
+            open: false,
             _f: PhantomData,
         })
     }
@@ -651,6 +652,10 @@ pub struct CompletionQueueEx<F: FieldSet> {
     raw: NonNull<sys::ibv_cq_ex>,
     /// rxe: `ibv_next_poll`'s `ENOENT` ends the batch itself.
     rxe: bool,
+    /// A batch holds the provider's CQ lock (`ibv_start_poll` ran and
+    /// neither `ibv_end_poll` nor the provider ended it). Still set when no
+    /// `CqPoll` is alive means one was leaked (`mem::forget`).
+    open: bool,
     _f: PhantomData<fn() -> F>,
 }
 
@@ -702,17 +707,30 @@ impl<F: FieldSet> CompletionQueueEx<F> {
     /// Opens a batch (`ibv_start_poll`): `None` when the CQ is empty
     /// (`ENOENT`; nothing to end), else a batch whose first
     /// [`next`](CqPoll::next) yields the completion found.
+    ///
+    /// A batch that was leaked while open (`std::mem::forget` of a
+    /// [`CqPoll`]) left the provider's CQ lock held, so another
+    /// `ibv_start_poll` would spin forever: then this is refused with
+    /// [`Error::GuardLeaked`], now and for good (the CQ can only be closed,
+    /// once its queue pairs are gone).
     #[doc(alias = "ibv_start_poll")]
     #[inline]
     pub fn start_poll(&mut self) -> Result<Option<CqPoll<'_, F>>> {
+        if self.open {
+            return Err(leaked_poll());
+        }
         let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
         // SAFETY: a live extended CQ whose start_poll the provider set
         // (checked in `build`); `attr` asks for nothing; no batch is open
-        // (a `CqPoll` borrows `self` mutably until it has ended its batch).
+        // (a live `CqPoll` borrows `self` mutably until it has ended its
+        // batch; a leaked one left `open` set, which refused above).
         let rc = unsafe { sys::ibv_start_poll(self.raw.as_ptr(), &mut attr) };
         match poll_errno(rc) {
             None => Ok(Some(CqPoll {
-                cq: self,
+                cq: {
+                    self.open = true;
+                    self
+                },
                 state: Batch::First,
                 _not_send: PhantomData,
             })),
@@ -793,6 +811,8 @@ impl<F: FieldSet> CqPoll<'_, F> {
                         self.state = Batch::Over {
                             released: self.cq.rxe,
                         };
+                        // rxe released its lock: a leak from here on holds none.
+                        self.cq.open = !self.cq.rxe;
                         return Ok(None);
                     }
                     Some(errno) => {
@@ -818,8 +838,21 @@ impl<F: FieldSet> CqPoll<'_, F> {
     pub fn end(self) {}
 }
 
+/// The refusal of `ibv_start_poll` on a CQ whose batch was leaked open.
+#[cold]
+#[inline(never)]
+fn leaked_poll() -> Error {
+    Error::GuardLeaked {
+        verb: "ibv_start_poll",
+        guard: "a CqPoll of this CQ",
+        lock: "the CQ's lock (ibv_start_poll without ibv_end_poll)",
+        can: "the CQ can no longer be polled; close it once no queue pair uses it",
+    }
+}
+
 impl<F: FieldSet> Drop for CqPoll<'_, F> {
     fn drop(&mut self) {
+        self.cq.open = false;
         if self.state != (Batch::Over { released: true }) {
             // SAFETY: the batch is open and this ends it, once (see the
             // module docs for rxe, where an ENOENT of next_poll already

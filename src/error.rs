@@ -118,6 +118,25 @@ pub enum Error {
         /// `RDMA_CM_EVENT_REJECTED`.
         status: i32,
     },
+    /// A guard of this crate that holds a provider lock (an open
+    /// [`WrBatch`](crate::qp::WrBatch) between `ibv_wr_start` and
+    /// `ibv_wr_complete`, an open [`CqPoll`](crate::CqPoll) between
+    /// `ibv_start_poll` and `ibv_end_poll`) was leaked with
+    /// `std::mem::forget`, so the provider still holds that lock. Calling
+    /// the provider again on the same queue would spin forever, so the
+    /// crate refuses; nothing was called. The error says what the object
+    /// can still do (for a QP: receive, RESET and reclaim, close).
+    #[error("{verb} refused: {guard} was leaked (std::mem::forget) while open, so the provider still holds {lock}; {can}")]
+    GuardLeaked {
+        /// The C function the call would have gone to.
+        verb: &'static str,
+        /// The guard that was leaked, e.g. `"a WrBatch"`.
+        guard: &'static str,
+        /// The provider lock it holds, e.g. `"the send queue's lock"`.
+        lock: &'static str,
+        /// What the object can still do.
+        can: &'static str,
+    },
     /// libibverbs returned a value this crate does not know how to decode.
     #[error("{verb} returned an unexpected {field} value {value}")]
     Unexpected {
@@ -198,7 +217,7 @@ impl From<Error> for io::Error {
             },
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
-            Error::InUse { .. } => io::ErrorKind::ResourceBusy,
+            Error::InUse { .. } | Error::GuardLeaked { .. } => io::ErrorKind::ResourceBusy,
             Error::Unexpected { .. } => io::ErrorKind::InvalidData,
         };
         io::Error::new(kind, e)

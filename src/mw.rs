@@ -54,14 +54,21 @@
 //! destruction, which may or may not have run). [`reclaim`](QueuePair::reclaim)
 //! moves it along, and a receive reclaimed on a QP or an SRQ that reports
 //! a peer's invalidation ([`QueuePair::invalidated_rkey`]) frees the window
-//! of the context with that rkey. A type 2 bind needs a free (or unknown) window,
-//! as the verbs require; a local invalidation needs a *bound* one, because
+//! of the context with that rkey. A type 2 bind needs a free window, as the
+//! verbs require. A window whose state is unknown is bound no more (the
+//! device has either the key of the cut-short bind or the one before, and a
+//! bind naming the wrong one fails with `IBV_WC_MW_BIND_ERR`): drop it and
+//! allocate another. A local invalidation needs a *bound* one, because
 //! rxe on Linux 6.1 dereferences the NULL QP and region of a free window
 //! when asked to invalidate it (`rxe_do_invalidate_mw`) and the machine
 //! goes down. A peer's `SEND_WITH_INV` racing a local invalidation of the
-//! same window is such a case that no check here can rule out; the same
-//! kernel crashes on a `SEND_WITH_INV` naming a free window of its own, so
-//! a program should only send it for windows the peer bound and announced.
+//! same window is such a case that no check here can rule out. The same
+//! kernel crashes on a `SEND_WITH_INV` naming a free window of its own
+//! device: `post_send` and [`WrBatch::post`](crate::qp::WrBatch::post)
+//! refuse one whose rkey is that of a window of the same context not known
+//! to be bound, when the QP's destination is on the same device (windows of
+//! other contexts or processes are not known to the crate, so a program
+//! should only send it for windows the peer bound and announced).
 //!
 //! rxe's bound type 2 window also holds a reference on the QP that bound
 //! it: destroying that QP while the window is allocated waits for the
@@ -512,7 +519,20 @@ pub(crate) fn check_bind(
     b: &MwBind<'_>,
 ) -> Result<()> {
     check_qp(verb, qp, mw)?;
-    if mw.ty == MwType::Type2 && !matches!(mw.state(), MwState::Free | MwState::Unknown) {
+    if mw.state() == MwState::Unknown {
+        // A bind names the window's current key (`mw_rkey`): after a RESET
+        // cut a bind short, the device has the old key or the new one, and
+        // a bind naming the wrong one fails with IBV_WC_MW_BIND_ERR (the QP
+        // goes to ERR); after a cut-short invalidation a type 2 window may
+        // still be bound.
+        return Err(Error::invalid(
+            verb,
+            "the window's key and state on the device are unknown (a RESET or the QP's \
+             destruction cut a bind or invalidation of it short): drop it and allocate \
+             a new window",
+        ));
+    }
+    if mw.ty == MwType::Type2 && mw.state() != MwState::Free {
         return Err(Error::invalid(
             verb,
             format!(
@@ -596,6 +616,11 @@ pub(crate) fn check_qp(verb: &'static str, qp: &QueuePair, mw: &MemoryWindow) ->
             verb,
             "the window and the QP belong to different protection domains",
         ));
+    }
+    if qp.pending().batch_open {
+        // Binds and invalidations are posted: the provider's send-queue
+        // lock, which a leaked batch holds, would be taken.
+        return Err(crate::qp::post_internal::leaked_batch(verb));
     }
     if qp.state() != QpState::Rts {
         return Err(Error::QpState {
@@ -944,4 +969,75 @@ pub(crate) mod internal {
     pub(crate) fn is_type1(mw: &MemoryWindow) -> bool {
         mw.ty == MwType::Type1
     }
+}
+
+/// The check of a SEND_WITH_INV (`ibv_post_send` or a batch's
+/// `ibv_wr_send_inv`) from QP `qp` of context `ctx` naming `rkey`.
+///
+/// Invalidating a type 2 window that is not bound (never bound, already
+/// invalidated, or with a bind or invalidation still in flight that may run
+/// after it) crashes the kernel of Linux 6.1's rxe (`rxe_invalidate_mw`
+/// reaches the window's absent region). When `rkey` is exactly the key of a
+/// window of this context that is not known to be bound, and the QP's
+/// destination is on this device (a GID of its table or its own LID, read
+/// with `ibv_query_qp` only in that case), the request is refused. A window
+/// of another context or process is not known here; neither is a
+/// destination elsewhere, where `rkey` names some other device's window.
+#[cold]
+#[inline(never)]
+pub(crate) fn check_send_inv(
+    verb: &'static str,
+    ctx: &Context,
+    qp: *mut sys::ibv_qp,
+    rkey: u32,
+) -> Result<()> {
+    // Upgraded under the list's lock, dropped after it (a window's drop
+    // takes the lock to leave the list).
+    let windows: Vec<Arc<MwInner>> = ctx.windows().iter().filter_map(|w| w.upgrade()).collect();
+    let unbound = windows.iter().find_map(|mw| {
+        let state = slot(mw).state;
+        (mw.keep().rkey.load(Ordering::Relaxed) == rkey && state != MwState::Bound).then_some(state)
+    });
+    drop(windows);
+    let Some(state) = unbound else {
+        return Ok(());
+    };
+    if !destination_on_device(ctx, qp) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        verb,
+        format!(
+            "SEND_WITH_INV names rkey {rkey:#x}, a memory window of this device that is not \
+             known to be bound ({}): invalidating it would crash rxe on Linux 6.1",
+            state.describe()
+        ),
+    ))
+}
+
+/// Whether the destination of connected QP `qp` is on `ctx`'s device (a
+/// failure to tell counts as yes: refusing is the safe side).
+fn destination_on_device(ctx: &Context, qp: *mut sys::ibv_qp) -> bool {
+    let mut a = sys::ibv_qp_attr::default();
+    let mut init = sys::ibv_qp_init_attr::default();
+    let mask = (sys::ibv_qp_attr_mask::IBV_QP_AV.0 | sys::ibv_qp_attr_mask::IBV_QP_PORT.0) as i32;
+    // SAFETY: `qp` is the caller's live QP; both out-structs are valid for writing.
+    let rc = unsafe { sys::ibv_query_qp(qp, &mut a, mask, &mut init) };
+    if rc != 0 {
+        return true;
+    }
+    let av = &a.ah_attr;
+    if av.is_global != 0 {
+        // SAFETY: `raw` is the plain 16-byte view of the GID union.
+        let dgid = crate::Gid(unsafe { av.grh.dgid.raw });
+        return ctx
+            .gid_table()
+            .map_or(true, |t| t.iter().any(|e| e.gid == dgid));
+    }
+    let port = if av.port_num != 0 {
+        av.port_num
+    } else {
+        a.port_num
+    };
+    ctx.query_port(port).map_or(true, |p| p.lid == av.dlid)
 }

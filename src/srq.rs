@@ -2,6 +2,7 @@
 
 use std::ffi::c_int;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{check_ptr, check_rc, Error, Result};
@@ -40,6 +41,13 @@ struct SrqKeep {
     pd: ProtectionDomain,
     max_sge: u32,
     pending: Mutex<SrqPending>,
+    /// Where `post_recv` collects the caller's requests before it takes
+    /// `pending`'s lock (so that the caller's iterator never runs under
+    /// it); taken out for the call and put back after, so that steady
+    /// state allocates nothing.
+    staging: Mutex<Vec<RecvWr>>,
+    /// `pending.ledger.len()`, kept beside the lock for `outstanding`.
+    outstanding: AtomicUsize,
 }
 
 /// A shared receive queue (`struct ibv_srq`): one pool of receive buffers
@@ -123,6 +131,8 @@ impl SharedReceiveQueue {
                 recv_wrs: Vec::with_capacity(wrs),
                 sges: Vec::with_capacity(sges),
             }),
+            staging: Mutex::new(Vec::with_capacity(wrs)),
+            outstanding: AtomicUsize::new(0),
         };
         // SAFETY: a fresh SRQ owned by nobody else; it keeps its PD alive,
         // and its outstanding buffers until after it is destroyed.
@@ -151,9 +161,11 @@ impl SharedReceiveQueue {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How many receives are outstanding.
+    /// How many receives are outstanding. Takes no lock: it may be called
+    /// from anywhere, the caller's iterator of [`post_recv`](Self::post_recv)
+    /// included.
     pub fn outstanding(&self) -> usize {
-        self.pending().ledger.len()
+        self.inner.keep().outstanding.load(Ordering::Relaxed)
     }
 
     /// Posts a chain of receives with one `ibv_post_srq_recv` call.
@@ -163,6 +175,11 @@ impl SharedReceiveQueue {
     /// there is room for. An empty iterator posts nothing and calls nothing.
     /// If the provider fails, the SRQ keeps every receive of the call (see
     /// [`PostError`]).
+    ///
+    /// The iterator runs (and is dropped) before the SRQ's lock is taken,
+    /// so it may use this SRQ in any way (post to it, reclaim on it, format
+    /// it); its requests are posted after it is done. If it panics, nothing
+    /// of this call was recorded or posted.
     #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv<I>(&self, wrs: I) -> Result<(), PostError>
     where
@@ -170,30 +187,47 @@ impl SharedReceiveQueue {
     {
         const VERB: &str = "ibv_post_srq_recv";
         let keep = self.inner.keep();
+        // Another call (another thread, or the caller's iterator posting
+        // again) may have the staging vector: then this one makes its own.
+        let mut staged = std::mem::take(&mut *lock(&keep.staging));
+        staged.extend(wrs);
+        if staged.is_empty() {
+            return Ok(());
+        }
         let srq = self.as_ptr();
-        let mut p = self.pending();
-        let p = &mut *p;
-        post_recv_chain(
-            VERB,
-            &mut p.ledger,
-            &mut p.recv_wrs,
-            &mut p.sges,
-            wrs.into_iter(),
-            None,
-            keep.max_sge as usize,
-            keep.pd.as_ptr(),
-            |n, room, _| {
-                Error::invalid(
-                    VERB,
-                    format!("{n} receive(s) but the SRQ has room for {room}"),
-                )
-            },
-            |chain, bad| {
-                // SAFETY: the SRQ is live; a NULL-terminated chain into the
-                // scratch vectors (under the mutex), naming chunks the ledger holds.
-                unsafe { sys::ibv_post_srq_recv(srq, chain, bad) }
-            },
-        )
+        let result = {
+            let mut p = self.pending();
+            let p = &mut *p;
+            let r = post_recv_chain(
+                VERB,
+                &mut p.ledger,
+                &mut p.recv_wrs,
+                &mut p.sges,
+                staged.drain(..),
+                None,
+                keep.max_sge as usize,
+                keep.pd.as_ptr(),
+                |n, room, _| {
+                    Error::invalid(
+                        VERB,
+                        format!("{n} receive(s) but the SRQ has room for {room}"),
+                    )
+                },
+                |chain, bad| {
+                    // SAFETY: the SRQ is live; a NULL-terminated chain into the
+                    // scratch vectors (under the mutex), naming chunks the ledger holds.
+                    unsafe { sys::ibv_post_srq_recv(srq, chain, bad) }
+                },
+            );
+            keep.outstanding.store(p.ledger.len(), Ordering::Relaxed);
+            r
+        };
+        // Keep the larger of the two rooms for the next call.
+        let mut slot = lock(&keep.staging);
+        if staged.capacity() > slot.capacity() {
+            *slot = staged;
+        }
+        result
     }
 
     /// Hands back the receive that `wc` ends (a completion of any QP using
@@ -218,7 +252,15 @@ impl SharedReceiveQueue {
 
     pub(crate) fn reclaim_tag(&self, tag: u64, mut f: impl FnMut(Completed)) -> usize {
         let mut released = None;
-        let n = self.pending().ledger.complete(tag, |r| released = Some(r));
+        let n = {
+            let mut p = self.pending();
+            let n = p.ledger.complete(tag, |r| released = Some(r));
+            self.inner
+                .keep()
+                .outstanding
+                .store(p.ledger.len(), Ordering::Relaxed);
+            n
+        };
         // `f` runs outside the lock, so it may post to this SRQ again.
         if let Some(r) = released {
             f(Completed {
@@ -295,6 +337,12 @@ impl SharedReceiveQueue {
     pub fn same_as(&self, other: &SharedReceiveQueue) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
+}
+
+/// Takes a lock of the SRQ's; a thread that panicked while holding it left
+/// nothing half-updated that matters for safety.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl fmt::Debug for SharedReceiveQueue {

@@ -1,9 +1,7 @@
 //! Extended queue pairs (`ibv_create_qp_ex`) and the `ibv_wr_*` batch: see [`WrBatch`].
 use std::ptr::NonNull;
 
-use super::post::{
-    fail, give_owned, send_queue_full, send_state_error, SendCheck, SendOp, SendWr, MAX_SGE,
-};
+use super::post::{fail, give_owned, send_queue_full, SendCheck, SendOp, SendWr, MAX_SGE};
 use super::{Completed, PostError, QpInitAttr, QpType, QueuePair};
 use crate::device_attr::{AtomicCap, DeviceCapFlags};
 use crate::error::{check_ptr, Error, Result};
@@ -292,13 +290,18 @@ impl QueuePair {
                 "the QP was created without send_ops (QpInitAttr::send_ops)",
             ));
         };
-        if let Some(e) = send_state_error(VERB, self.state()) {
+        // A batch leaked while open still holds the provider's send-queue
+        // lock: refused, as is a send in a state that takes none.
+        if let Some(e) = self.send_refusal(VERB) {
             return Err(e);
         }
         let checks = SendCheck::of(self);
-        self.pending_mut().batch.clear();
-        // SAFETY: a live extended QP; no batch is open on it (a batch
-        // borrows the QP mutably, and ends with complete or abort).
+        let p = self.pending_mut();
+        p.batch.clear();
+        p.batch_open = true;
+        // SAFETY: a live extended QP; no batch is open on it (a live batch
+        // borrows the QP mutably; a leaked one left `batch_open` set, which
+        // refused above).
         unsafe { sys::ibv_wr_start(ex.ptr.as_ptr()) };
         Ok(WrBatch {
             qp: self,
@@ -444,6 +447,12 @@ impl WrBatch<'_> {
         let refused = self
             .checks
             .check(&wr)
+            .and_then(|()| match wr.op {
+                SendOp::SendWithInv(rkey) => {
+                    crate::mw::check_send_inv(VERB, self.qp.pd().context(), self.qp.as_ptr(), rkey)
+                }
+                _ => Ok(()),
+            })
             .and_then(|()| self.check_op(VERB, SendOpsFlags::of(&wr.op)))
             .and_then(|()| self.check_rxe_list(&wr))
             .and_then(|()| self.check_room(VERB));
@@ -631,7 +640,10 @@ impl WrBatch<'_> {
         let n = self.len();
         // SAFETY: the batch is open on this live extended QP; this ends it.
         let rc = unsafe { sys::ibv_wr_complete(self.ptr()) };
-        self.qp.pending_mut().batch.clear();
+        let p = self.qp.pending_mut();
+        p.batch.clear();
+        // The provider released its lock, whatever `rc` says.
+        p.batch_open = false;
         crate::error::check_rc("ibv_wr_complete", rc)
             .map(|_| ())
             .map_err(|e| fail(e, n, Vec::new()))
@@ -655,6 +667,7 @@ impl WrBatch<'_> {
         // and the provider discards what the batch prepared.
         unsafe { sys::ibv_wr_abort(self.ptr()) };
         let p = self.qp.pending_mut();
+        p.batch_open = false;
         let mut undone = Vec::with_capacity(p.batch.len());
         // Newest first: each is the ledger's latest insert at its turn.
         while let Some(tag) = p.batch.pop() {

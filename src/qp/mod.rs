@@ -39,7 +39,7 @@ mod post;
 pub(crate) mod post_internal {
     pub(crate) use super::ledger::{Kind, Ledger};
     pub(crate) use super::post::sealed::Sealed as CompletionSealed;
-    pub(crate) use super::post::{chain_room, post_recv_chain, Chunks, SendLoan};
+    pub(crate) use super::post::{chain_room, leaked_batch, post_recv_chain, Chunks, SendLoan};
 }
 mod query;
 mod table;
@@ -457,6 +457,13 @@ impl QueuePair {
     #[inline]
     pub(crate) fn pending_mut(&mut self) -> &mut post::Pending {
         &mut self.inner.keep_mut().pending
+    }
+
+    /// The PD and the bookkeeping at once (disjoint borrows).
+    #[inline]
+    pub(crate) fn pd_and_pending_mut(&mut self) -> (&ProtectionDomain, &mut post::Pending) {
+        let keep = self.inner.keep_mut();
+        (&keep.pd, &mut keep.pending)
     }
 
     /// Destroys the QP and returns its outstanding requests' bookkeeping.

@@ -721,6 +721,11 @@ pub(crate) struct Pending {
     /// The tags of the open `ibv_wr_*` batch, in post order (room for the
     /// whole send queue, allocated with the QP).
     pub(super) batch: Vec<u64>,
+    /// Between `ibv_wr_start` and `ibv_wr_complete`/`ibv_wr_abort`: the
+    /// provider holds the send queue's lock. Still set when no batch is
+    /// alive means the `WrBatch` was leaked (`mem::forget`): the lock is
+    /// held for good, so nothing may take it again.
+    pub(crate) batch_open: bool,
 }
 
 // SAFETY: the raw pointers inside the scratch vectors are only meaningful
@@ -759,6 +764,7 @@ impl Pending {
             recv_wrs: Vec::with_capacity(recv_wrs),
             sges: Vec::with_capacity(send_sges.max(recv_sges)),
             batch: Vec::new(),
+            batch_open: false,
         }
     }
 
@@ -807,6 +813,34 @@ pub(super) fn send_queue_full(verb: &'static str, n: usize, room: usize, held: u
         verb,
         format!("{n} request(s) but the send queue has room for {room} ({held} outstanding)"),
     )
+}
+
+/// The refusal of anything that takes the provider's send-queue lock on a
+/// QP whose [`WrBatch`](super::WrBatch) was leaked while open.
+#[cold]
+#[inline(never)]
+pub(crate) fn leaked_batch(verb: &'static str) -> Error {
+    Error::GuardLeaked {
+        verb,
+        guard: "a WrBatch of this QP",
+        lock: "the send queue's lock (ibv_wr_start without ibv_wr_complete or ibv_wr_abort)",
+        can: "the QP can no longer send; it can still receive, be moved to RESET \
+              (QueuePair::reset hands every request back, the leaked batch's included, \
+              none of which reached the device) and be closed",
+    }
+}
+
+impl QueuePair {
+    /// The refusal of a send (`post_send`, a batch, a memory-window bind or
+    /// invalidation) from the QP's known state, or because a leaked batch
+    /// holds the provider's send-queue lock.
+    #[inline]
+    pub(crate) fn send_refusal(&self, verb: &'static str) -> Option<Error> {
+        if self.pending().batch_open {
+            return Some(leaked_batch(verb));
+        }
+        send_state_error(verb, self.state())
+    }
 }
 
 /// The refusal of a send in `state` (sends need RTS, SQD, SQE or ERR).
@@ -1034,10 +1068,11 @@ impl QueuePair {
         I: IntoIterator<Item = SendWr<'a>>,
     {
         const VERB: &str = "ibv_post_send";
-        let error = send_state_error(VERB, self.state());
+        let error = self.send_refusal(VERB);
         let checks = SendCheck::of(self);
         let qp = self.as_ptr();
-        let p = self.pending_mut();
+        let (pd, p) = self.pd_and_pending_mut();
+        let ctx = pd.context();
         post_chain(
             VERB,
             &mut p.send,
@@ -1045,7 +1080,13 @@ impl QueuePair {
             &mut p.sges,
             wrs.into_iter(),
             error,
-            |wr| checks.check(wr),
+            |wr| {
+                checks.check(wr)?;
+                if let SendOp::SendWithInv(rkey) = wr.op {
+                    crate::mw::check_send_inv(VERB, ctx, qp, rkey)?;
+                }
+                Ok(())
+            },
             raw_send,
             |wr| (wr.wr_id, wr.lend()),
             |loan: SendLoan, out| give_owned(loan.0, out),
@@ -1433,6 +1474,15 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
     let mut full = false;
     // Chunks of requests not lent (refused): in request order.
     let mut back = Vec::new();
+    // The caller's iterator runs below (its `next` and its drop): if it
+    // panics, the requests this call put in the ledger never reach the
+    // device, and the guard takes them out again as the stack unwinds.
+    let mut g = UndoOnUnwind {
+        ledger,
+        wrs,
+        armed: true,
+    };
+    let (ledger, wrs) = (&mut *g.ledger, &mut *g.wrs);
     for mut wr in reqs {
         n += 1;
         if error.is_none() {
@@ -1460,6 +1510,10 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
             }
         }
     }
+    // The caller's iterator is used up and dropped: no caller code runs
+    // from here on.
+    g.armed = false;
+    let (ledger, wrs) = (&mut *g.ledger, &mut *g.wrs);
     if n == 0 {
         return Ok(());
     }
@@ -1485,6 +1539,30 @@ fn post_chain<W: HasSges, R: ChainLink, L>(
     crate::error::check_rc(verb, rc)
         .map(|_| ())
         .map_err(|error| fail(error, n, Vec::new()))
+}
+
+/// Takes a post call's requests back out of the ledger if the caller's
+/// iterator panics while the chain is built (none of them reached the
+/// device): no queue room is lost to requests that were never posted.
+/// Their chunks are dropped with the unwinding (they go back to their
+/// region, as any dropped chunk does).
+struct UndoOnUnwind<'a, R: ChainLink, L> {
+    ledger: &'a mut Ledger<L>,
+    wrs: &'a mut Vec<R>,
+    armed: bool,
+}
+
+impl<R: ChainLink, L> Drop for UndoOnUnwind<'_, R, L> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Newest first: each is the ledger's latest insert at its turn.
+        for w in self.wrs.iter().rev() {
+            drop(self.ledger.undo_last(w.wr_id()));
+        }
+        self.wrs.clear();
+    }
 }
 
 /// Work requests that carry scatter/gather entries.

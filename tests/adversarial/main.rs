@@ -11,6 +11,7 @@ mod common;
 mod cm;
 mod data;
 mod gid;
+mod hardening;
 mod mw;
 
 fn main() -> std::process::ExitCode {
@@ -18,6 +19,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);
+    tests.extend_from_slice(hardening::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     common::run("adversarial", &tests)
