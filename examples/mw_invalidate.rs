@@ -494,7 +494,7 @@ fn serve(
         size,
         size,
         AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-    )
+    )?
     .wr_id(WR_BIND);
     let addr = bind.remote_addr();
     let rkey = qp.bind_mw(&mut mw, &bind)?;

@@ -261,7 +261,7 @@ impl Drop for MwLoan {
 /// let mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
 /// let mut mw = pd.alloc_mw(MwType::Type2)?;
 /// // Peers may read bytes 0..1024 of `mr` through the window's rkey.
-/// let bind = MwBind::new(&mr, 0, 1024, AccessFlags::REMOTE_READ).wr_id(7);
+/// let bind = MwBind::new(&mr, 0, 1024, AccessFlags::REMOTE_READ)?.wr_id(7);
 /// let rkey = qp.bind_mw(&mut mw, &bind)?;
 /// println!("tell the peer: addr {:#x} rkey {rkey:#x}", bind.remote_addr());
 /// # Ok(()) }
@@ -456,15 +456,27 @@ pub struct MwBind<'a> {
 impl<'a> MwBind<'a> {
     /// Binds bytes `offset..offset + len` of `mr` with the remote rights
     /// `access` (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
-    pub fn new(mr: &'a MemoryRegion, offset: usize, len: usize, access: AccessFlags) -> Self {
-        MwBind {
+    ///
+    /// [`Error::InvalidArgument`] when the range is empty or does not lie
+    /// inside the region (`offset + len` past its end, or beyond
+    /// `usize::MAX`): so a bind's [`remote_addr`](Self::remote_addr) is
+    /// always an address of the region. The other rules of the
+    /// [module docs](crate::mw) are checked when the bind is posted.
+    pub fn new(
+        mr: &'a MemoryRegion,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        check_range(mr.len(), offset, len)?;
+        Ok(MwBind {
             mr,
             offset,
             len,
             access,
             wr_id: 0,
             signaled: true,
-        }
+        })
     }
 
     /// The caller's `wr_id` for the bind request (0 by default).
@@ -481,8 +493,13 @@ impl<'a> MwBind<'a> {
 
     /// The address peers use for the first byte of the window: the
     /// region's address plus `offset`.
+    ///
+    /// Exact: [`new`](Self::new) took only offsets inside the region, and
+    /// the region's addresses are those of its live buffer, so the sum
+    /// never reaches `u64::MAX` (saturating only so that no build can
+    /// panic here).
     pub fn remote_addr(&self) -> u64 {
-        self.mr.addr() + self.offset as u64
+        self.mr.addr().saturating_add(self.offset as u64)
     }
 
     pub(crate) fn region(&self) -> &'a MemoryRegion {
@@ -508,6 +525,33 @@ impl<'a> MwBind<'a> {
             length: self.len as u64,
             mw_access_flags: self.access.bits(),
         }
+    }
+}
+
+/// The range check of [`MwBind::new`]: `offset..offset + len` is
+/// non-empty and inside a region of `region` bytes, its end computed
+/// without overflow.
+fn check_range(region: usize, offset: usize, len: usize) -> Result<()> {
+    const VERB: &str = "MwBind::new";
+    match offset.checked_add(len) {
+        None => Err(Error::invalid(
+            VERB,
+            format!(
+                "offset {offset} + length {len} overflows usize (the region has {region} bytes)"
+            ),
+        )),
+        Some(_) if len == 0 => Err(Error::invalid(
+            VERB,
+            format!(
+                "the window at offset {offset} is empty (length 0): a bind needs at least one \
+                 byte (a type 1 window is unbound with QueuePair::unbind_mw)"
+            ),
+        )),
+        Some(end) if end > region => Err(Error::invalid(
+            VERB,
+            format!("bytes {offset}..{end} are outside the {region}-byte region"),
+        )),
+        Some(_) => Ok(()),
     }
 }
 
@@ -1040,4 +1084,34 @@ fn destination_on_device(ctx: &Context, qp: *mut sys::ibv_qp) -> bool {
         a.port_num
     };
     ctx.query_port(port).map_or(true, |p| p.lid == av.dlid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_range;
+
+    #[test]
+    fn bind_ranges_are_checked_without_overflow() {
+        let text = |offset, len| check_range(4096, offset, len).unwrap_err().to_string();
+        let e = text(usize::MAX, 1);
+        assert!(
+            e.contains("offset 18446744073709551615 + length 1 overflows"),
+            "{e}"
+        );
+        let e = text(1, usize::MAX);
+        assert!(e.contains("overflows usize"), "{e}");
+        let e = text(4095, 2);
+        assert!(
+            e.contains("bytes 4095..4097 are outside the 4096-byte region"),
+            "{e}"
+        );
+        let e = text(4097, 1);
+        assert!(e.contains("outside"), "{e}");
+        let e = text(4096, 0);
+        assert!(e.contains("empty (length 0)"), "{e}");
+        let e = text(usize::MAX, 0);
+        assert!(e.contains("empty"), "{e}");
+        assert!(check_range(4096, 4095, 1).is_ok());
+        assert!(check_range(4096, 0, 4096).is_ok());
+    }
 }

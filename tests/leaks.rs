@@ -146,7 +146,7 @@ fn extended_objects_every_drop_order(env: &Env) -> Result<(), Failed> {
         if pos(4) < pos(3) {
             a.bind_mw(
                 &mut mw,
-                &MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ),
+                &MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ)?,
             )?;
             let start = std::time::Instant::now();
             let mut ended = 0;

@@ -140,6 +140,9 @@ impl EventChannel {
     }
 
     /// Waits up to `timeout` for the next event; `None` if none came.
+    ///
+    /// A `timeout` that runs past what the clock can represent (such as
+    /// `Duration::MAX`) waits without limit, as [`get_event`](Self::get_event).
     #[doc(alias = "rdma_get_cm_event")]
     pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CmEvent>> {
         self.next(Some(timeout))
@@ -153,6 +156,8 @@ impl EventChannel {
     /// the one that came, with its status (an errno for the error events, a
     /// reject reason for [`CmEventKind::Rejected`]); no event in time is
     /// [`Error::Timeout`]. The event that came is acknowledged either way.
+    /// A `timeout` past what the clock can represent waits without limit
+    /// (see [`get_event_timeout`](Self::get_event_timeout)).
     pub fn expect(&self, kind: CmEventKind, timeout: Duration) -> Result<CmEvent> {
         match self.get_event_timeout(timeout)? {
             None => Err(Error::Timeout {
@@ -165,7 +170,7 @@ impl EventChannel {
     }
 
     fn next(&self, wait: Option<Duration>) -> Result<Option<CmEvent>> {
-        let deadline = wait.map(|w| Instant::now() + w);
+        let deadline = wait.and_then(deadline_after);
         let mut try_first = self.inner.busy.load(Ordering::Relaxed) || wait == Some(Duration::ZERO);
         loop {
             if try_first {
@@ -261,5 +266,26 @@ impl fmt::Debug for EventChannel {
         f.debug_struct("EventChannel")
             .field("fd", &self.inner.fd())
             .finish()
+    }
+}
+
+/// The instant `wait` from now, or `None` (no deadline: wait without
+/// limit) when it is past what `Instant` can represent, such as
+/// `Duration::MAX`: never an overflow panic.
+fn deadline_after(wait: Duration) -> Option<Instant> {
+    Instant::now().checked_add(wait)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_of_any_wait_does_not_overflow() {
+        assert!(deadline_after(Duration::MAX).is_none());
+        assert!(deadline_after(Duration::new(u64::MAX, 999_999_999)).is_none());
+        let soon = deadline_after(Duration::from_secs(1)).expect("1 s from now");
+        assert!(soon > Instant::now());
+        assert!(deadline_after(Duration::ZERO).is_some());
     }
 }

@@ -272,12 +272,38 @@ pub(crate) struct Sges {
     pub(super) lens: [u32; MAX_SGE],
     pub(super) n: usize,
     /// Entries beyond `MAX_SGE`, or given with a length past their chunk's
-    /// end: counted, and their chunks kept (never dropped) so that the
-    /// refusal at post time hands them back.
+    /// end or above `u32::MAX`: counted, and their chunks kept (never
+    /// dropped) so that the refusal at post time hands them back.
     refused: usize,
-    // Boxed: 8 bytes instead of 24 in every request, for a rare refusal.
-    #[allow(clippy::box_collection)]
-    overflow: Option<Box<Vec<Chunk>>>,
+    // Boxed: 8 bytes in every request, for a rare refusal.
+    overflow: Option<Box<Refused>>,
+}
+
+/// The refused entries of a request: their owned chunks, and why the
+/// first was refused.
+struct Refused {
+    chunks: Vec<Chunk>,
+    why: String,
+}
+
+/// Why entry `index` of `len` bytes of a `chunk_len`-byte chunk, coming
+/// after `n` accepted entries, cannot be taken; `None` if it can. Lengths
+/// are refused, never truncated to the sge's 32 bits.
+fn sge_refusal(index: usize, n: usize, len: usize, chunk_len: usize) -> Option<String> {
+    if n >= MAX_SGE {
+        Some(format!("entry {index} is one more than {MAX_SGE} entries"))
+    } else if len > chunk_len {
+        Some(format!(
+            "entry {index}: length {len} is more than its chunk's {chunk_len} bytes"
+        ))
+    } else if u32::try_from(len).is_err() {
+        Some(format!(
+            "entry {index}: length {len} does not fit an sge's 32-bit length (at most {})",
+            u32::MAX
+        ))
+    } else {
+        None
+    }
 }
 
 impl Sges {
@@ -294,18 +320,24 @@ impl Sges {
 
     #[inline]
     fn push(&mut self, chunk: Lent, len: usize) {
+        let index = self.n + self.refused;
+        let why = sge_refusal(index, self.n, len, chunk.chunk().len());
         match u32::try_from(len) {
-            Ok(len)
-                if self.n < MAX_SGE && len as usize <= chunk.chunk().len() && self.refused == 0 =>
-            {
+            Ok(len32) if why.is_none() && self.refused == 0 => {
                 self.chunks[self.n] = Some(chunk);
-                self.lens[self.n] = len;
+                self.lens[self.n] = len32;
                 self.n += 1;
             }
             _ => {
                 self.refused += 1;
+                let r = self.overflow.get_or_insert_with(|| {
+                    Box::new(Refused {
+                        chunks: Vec::new(),
+                        why: why.unwrap_or_default(),
+                    })
+                });
                 if let Lent::Own(c) = chunk {
-                    self.overflow.get_or_insert_with(Default::default).push(c);
+                    r.chunks.push(c);
                 }
             }
         }
@@ -361,11 +393,13 @@ impl Sges {
         pd: *mut sys::ibv_pd,
     ) -> Result<()> {
         if self.refused > 0 {
+            let why = self.overflow.as_ref().map_or("", |r| r.why.as_str());
             return Err(Error::invalid(
                 verb,
                 format!(
-                    "{} entries: more than {MAX_SGE}, or an entry longer than its chunk",
-                    self.n + self.refused
+                    "{why} ({} entries given, {} refused)",
+                    self.n + self.refused,
+                    self.refused
                 ),
             ));
         }
@@ -395,7 +429,7 @@ impl Sges {
             }
         }
         if let Some(mut more) = self.overflow.take() {
-            out.append(&mut more);
+            out.append(&mut more.chunks);
         }
         self.n = 0;
     }
@@ -1651,5 +1685,32 @@ fn link_chain<W: ChainLink>(wrs: &mut [W], sges: &mut [sys::ibv_sge]) {
             std::ptr::null_mut()
         };
         w.set_links(sg, next);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sge_lengths_are_refused_not_truncated() {
+        let big = u32::MAX as usize + 1;
+        // A length above u32::MAX, even of a chunk that long.
+        let why = sge_refusal(0, 0, big, usize::MAX).expect("refused");
+        assert!(
+            why.contains("length 4294967296") && why.contains("32-bit"),
+            "{why}"
+        );
+        let why = sge_refusal(2, 2, usize::MAX, 64).expect("refused");
+        assert!(
+            why.contains("entry 2") && why.contains("length 18446744073709551615"),
+            "{why}"
+        );
+        assert!(why.contains("chunk's 64 bytes"), "{why}");
+        let why = sge_refusal(MAX_SGE, MAX_SGE, 1, 64).expect("refused");
+        assert!(why.contains(&format!("than {MAX_SGE} entries")), "{why}");
+        assert_eq!(sge_refusal(0, 0, u32::MAX as usize, usize::MAX), None);
+        assert_eq!(sge_refusal(0, 0, 0, 0), None);
+        assert_eq!(sge_refusal(MAX_SGE - 1, MAX_SGE - 1, 64, 64), None);
     }
 }

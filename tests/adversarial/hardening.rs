@@ -173,7 +173,7 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
     let mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
     let mut mw = pd.alloc_mw(MwType::Type2)?;
     let e = a
-        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ))
+        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?)
         .expect_err("a bind after a leaked batch");
     ensure!(is_leaked(&e.error), "bind_mw: {}", e.error);
     ensure!(a.outstanding_sends() == 1, "refusals posted nothing");
@@ -373,7 +373,7 @@ fn bind_cut_short_by_reset(env: &Env) -> Result<(), Failed> {
     let key0 = mw.rkey();
     // The completion is not reclaimed yet, so the known state is still
     // RTS (unless the crate learnt otherwise) and the bind is posted.
-    let bind = MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ);
+    let bind = MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?;
     if a.state() == QpState::Rts {
         a.bind_mw(&mut mw, &bind)?;
         let _flushed = poll_n(&cq, 1)?;

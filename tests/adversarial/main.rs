@@ -7,6 +7,7 @@
 #[macro_use]
 mod common;
 
+mod arith;
 #[cfg(feature = "cm")]
 mod cm;
 mod data;
@@ -16,11 +17,14 @@ mod mw;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
+    tests.extend_from_slice(arith::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(hardening::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(arith::CM_TESTS);
     common::run("adversarial", &tests)
 }

@@ -86,7 +86,7 @@ fn handles_dropped(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 8192)?;
     let mut mw = r.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 4096, 64, AccessFlags::REMOTE_READ).wr_id(1);
+    let bind = MwBind::new(&mr, 4096, 64, AccessFlags::REMOTE_READ)?.wr_id(1);
     let addr = bind.remote_addr();
     let rkey = r.a.bind_mw(&mut mw, &bind)?;
     // Everything the program holds of the window and region goes now.
@@ -121,7 +121,7 @@ fn completion_once(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 4096)?;
     let mut mw = r.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ).wr_id(1);
+    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ)?.wr_id(1);
     let rkey = r.a.bind_mw(&mut mw, &bind)?;
     let wc = poll_n(&r.cq, 1)?[0];
     ensure!(r.b.reclaim(&wc, drop) == 0, "the wrong QP ended the bind");
@@ -155,7 +155,7 @@ fn twice_at_once(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 4096)?;
     let mut mw = r.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 0, 128, AccessFlags::REMOTE_READ).wr_id(1);
+    let bind = MwBind::new(&mr, 0, 128, AccessFlags::REMOTE_READ)?.wr_id(1);
     let rkey = r.a.bind_mw(&mut mw, &bind)?;
     // Binding: refused on the same QP and on the peer's.
     for qp in [&mut r.a, &mut r.b] {

@@ -154,7 +154,7 @@ fn type2_posted(env: &Env) -> Result<(), Failed> {
         1024,
         2048,
         AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-    )
+    )?
     .wr_id(7);
     let rkey = p.a.bind_mw(&mut mw, &bind)?;
     ensure!(
@@ -223,7 +223,7 @@ fn type2_batch(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ)
+    let bind = MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ)?
         .wr_id(1)
         .unsignaled();
     let mut batch = p.a.start_batch()?;
@@ -269,7 +269,7 @@ fn remote_invalidate(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ).wr_id(1);
+    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ)?.wr_id(1);
     let rkey = bind_done(&mut p, &mut mw, &bind)?;
     ensure!(
         peer_read(&mut p, bind.remote_addr(), rkey, 8)?.0 == WcStatus::Success,
@@ -343,7 +343,7 @@ fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair_srq(env, Some(&srq))?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ).wr_id(1);
+    let bind = MwBind::new(&mr, 0, 256, AccessFlags::REMOTE_READ)?.wr_id(1);
     let rkey = bind_done(&mut p, &mut mw, &bind)?;
     let buf = srq_pd
         .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
@@ -386,7 +386,7 @@ fn reset_leaves_state_unknown(env: &Env) -> Result<(), Failed> {
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
     p.a.bind_mw(
         &mut mw,
-        &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ).wr_id(1),
+        &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?.wr_id(1),
     )?;
     let back = p.a.reset()?;
     ensure!(back.len() == 1 && back[0].wr_id == 1, "{back:?}");
@@ -407,7 +407,7 @@ fn type1(env: &Env) -> Result<(), Failed> {
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type1)?;
     let before = mw.rkey();
-    let bind = MwBind::new(&mr, 512, 512, AccessFlags::REMOTE_READ).wr_id(4);
+    let bind = MwBind::new(&mr, 512, 512, AccessFlags::REMOTE_READ)?.wr_id(4);
     let rkey = p.a.bind_mw(&mut mw, &bind)?;
     ensure!(
         rkey == mw.rkey() && rkey != before,
@@ -436,7 +436,7 @@ fn type1(env: &Env) -> Result<(), Failed> {
     drop(batch);
     ensure!(mw.rkey() == rkey, "a refused call changed the rkey");
     // Rebinding a type 1 window moves it (new rkey); the old one is dead.
-    let again = MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ).wr_id(6);
+    let again = MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?.wr_id(6);
     let rkey2 = p.a.bind_mw(&mut mw, &again)?;
     let (wc, _, _) = one(&mut p)?;
     ensure!(
@@ -470,7 +470,7 @@ fn type1_unbind(env: &Env) -> Result<(), Failed> {
             .err()
             .ok_or("a type 2 window was unbound")?;
     ensure!(e.error.to_string().contains("type 1"), "{e}");
-    let bind = MwBind::new(&mr, 256, 256, AccessFlags::REMOTE_READ).wr_id(2);
+    let bind = MwBind::new(&mr, 256, 256, AccessFlags::REMOTE_READ)?.wr_id(2);
     let rkey = bind_done(&mut p, &mut mw, &bind)?;
     ensure!(
         peer_read(&mut p, bind.remote_addr(), rkey, 8)?.0 == WcStatus::Success,
@@ -509,28 +509,40 @@ fn rules(env: &Env) -> Result<(), Failed> {
     let mut foreign_mw = other_pd.alloc_mw(MwType::Type2)?;
     let rkey = mw.rkey();
     let r = AccessFlags::REMOTE_READ;
+    // Ranges are checked when the bind is made: a bind past the end or
+    // empty never exists.
+    for (what, offset, len, needle) in [
+        ("past the end", 4000, 200, "outside"),
+        ("empty", 0, 0, "empty"),
+    ] {
+        let e = MwBind::new(&mr, offset, len, r)
+            .err()
+            .ok_or(format!("{what}: accepted"))?;
+        ensure!(
+            matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains(needle),
+            "{what}: {e}"
+        );
+    }
     let cases: Vec<(&str, MwBind<'_>, &str)> = vec![
-        ("no MW_BIND", MwBind::new(&plain, 0, 64, r), "MW_BIND"),
-        ("past the end", MwBind::new(&mr, 4000, 200, r), "outside"),
-        ("empty", MwBind::new(&mr, 0, 0, r), "empty"),
+        ("no MW_BIND", MwBind::new(&plain, 0, 64, r)?, "MW_BIND"),
         (
             "local rights",
-            MwBind::new(&mr, 0, 64, AccessFlags::LOCAL_WRITE),
+            MwBind::new(&mr, 0, 64, AccessFlags::LOCAL_WRITE)?,
             "REMOTE_READ",
         ),
         (
             "zero based",
-            MwBind::new(&mr, 0, 64, r | AccessFlags::ZERO_BASED),
+            MwBind::new(&mr, 0, 64, r | AccessFlags::ZERO_BASED)?,
             "REMOTE_READ",
         ),
         (
             "write without LOCAL_WRITE",
-            MwBind::new(&read_only, 0, 64, AccessFlags::REMOTE_WRITE),
+            MwBind::new(&read_only, 0, 64, AccessFlags::REMOTE_WRITE)?,
             "LOCAL_WRITE",
         ),
         (
             "region of another PD",
-            MwBind::new(&other_mr, 0, 64, r),
+            MwBind::new(&other_mr, 0, 64, r)?,
             "protection domains",
         ),
     ];
@@ -556,14 +568,14 @@ fn rules(env: &Env) -> Result<(), Failed> {
         drop(batch);
     }
     let e =
-        p.a.bind_mw(&mut foreign_mw, &MwBind::new(&other_mr, 0, 64, r))
+        p.a.bind_mw(&mut foreign_mw, &MwBind::new(&other_mr, 0, 64, r)?)
             .err()
             .ok_or("window of another PD")?;
     ensure!(e.error.to_string().contains("protection domains"), "{e}");
     // A QP below RTS.
     let mut fresh = p.pd.create_qp(&QpInitAttr::new(QpType::Rc, &p.cq, &p.cq))?;
     let e = fresh
-        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, r))
+        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, r)?)
         .err()
         .ok_or("bind in RESET")?;
     ensure!(
@@ -584,7 +596,7 @@ fn rules(env: &Env) -> Result<(), Failed> {
     // A UD QP cannot bind.
     let mut ud = p.pd.create_qp(&QpInitAttr::new(QpType::Ud, &p.cq, &p.cq))?;
     let e = ud
-        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, r))
+        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, r)?)
         .err()
         .ok_or("bind on UD")?;
     ensure!(e.error.to_string().contains("UD"), "{e}");
@@ -595,7 +607,7 @@ fn rules(env: &Env) -> Result<(), Failed> {
     connect(env, &mut sends_only, &mut peer, AccessFlags::empty())?;
     let mut batch = sends_only.start_batch()?;
     let e = batch
-        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, r))
+        .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, r)?)
         .err()
         .ok_or("bind without BIND_MW")?;
     ensure!(e.error.to_string().contains("BIND_MW"), "{e}");
@@ -633,7 +645,7 @@ fn keeps_region(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
-    let bind = MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ).wr_id(1);
+    let bind = MwBind::new(&mr, 0, 4096, AccessFlags::REMOTE_READ)?.wr_id(1);
     let addr = bind.remote_addr();
     let rkey = p.a.bind_mw(&mut mw, &bind)?;
     one(&mut p)?;
@@ -660,7 +672,7 @@ fn abort_undoes(env: &Env) -> Result<(), Failed> {
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
     let rkey = mw.rkey();
     let mut batch = p.a.start_batch()?;
-    let new = batch.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ))?;
+    let new = batch.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?)?;
     ensure!(mw.rkey() == new && mw.holds_region(), "bind not recorded");
     let back = batch.abort();
     ensure!(back.len() == 1 && back[0].wr_id == 0, "{back:?}");
@@ -673,7 +685,7 @@ fn abort_undoes(env: &Env) -> Result<(), Failed> {
     ensure!(p.a.outstanding_sends() == 0, "requests left");
     // The window binds normally afterwards, with the rkey after the old one.
     let again =
-        p.a.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ))?;
+        p.a.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?)?;
     ensure!(
         again == new,
         "rkey after abort {again:#x}, expected {new:#x}"
@@ -697,7 +709,7 @@ fn remote_invalidate_ex_cq(env: &Env) -> Result<(), Failed> {
     connect(env, &mut a, &mut b, AccessFlags::REMOTE_READ)?;
     let mr = window_region(&pd, 4096)?;
     let mut mw = pd.alloc_mw(MwType::Type2)?;
-    let rkey = a.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ))?;
+    let rkey = a.bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?)?;
     a.post_recv([RecvWr::new(2).sge(pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?.remove(0))])?;
     b.post_send([SendWr::new(3, SendOp::SendWithInv(rkey)).inline(b"")])?;
     // Three completions: the bind, the send, the receive.
