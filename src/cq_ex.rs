@@ -779,6 +779,15 @@ enum Batch {
 ///
 /// Dropping it (or [`end`](Self::end)) ends the batch. It holds the
 /// provider's CQ lock, so it is neither `Send` nor `Sync`.
+///
+/// Leaking it (`std::mem::forget`) before the provider ended the batch
+/// keeps that lock held for good: the CQ remembers it, and every later
+/// [`start_poll`](CompletionQueueEx::start_poll) is refused with
+/// [`Error::GuardLeaked`] instead of spinning forever. On rxe a batch that
+/// [`next`](Self::next) ran to its end holds no lock any more, so leaking
+/// it then costs nothing. Some providers (mlx5) also take the CQ's lock
+/// when a QP using the CQ is moved to RESET or destroyed: there, after such
+/// a leak, those calls would wait forever; rxe's do not take it.
 #[doc(alias = "ibv_start_poll")]
 pub struct CqPoll<'c, F: FieldSet> {
     cq: &'c mut CompletionQueueEx<F>,

@@ -354,10 +354,14 @@ impl QueuePair {
 ///
 /// The batch borrows the QP mutably, so nothing else posts to (or
 /// modifies) the QP while it is open. Between `ibv_wr_start` and
-/// `ibv_wr_complete`/`ibv_wr_abort` providers hold the send queue's lock;
-/// leaking a batch (`std::mem::forget`) would keep it held, so the next
-/// post on the QP would wait forever (a hang, never unsoundness: the leaked
-/// requests stay in the ledger until a RESET or destruction).
+/// `ibv_wr_complete`/`ibv_wr_abort` providers hold the send queue's lock.
+/// Leaking a batch (`std::mem::forget`) keeps that lock held for good, so
+/// the QP remembers that a batch is open: from then on everything that
+/// would take the lock again (`post_send`, `start_batch`, memory-window
+/// binds, unbinds and invalidations) is refused with
+/// [`Error::GuardLeaked`](crate::Error::GuardLeaked) instead of spinning
+/// forever. Receives, RESET (which hands back the leaked batch's requests:
+/// none reached the device) and closing the QP still work.
 ///
 /// # Costs
 ///
