@@ -12,12 +12,14 @@ mod cm;
 mod data;
 mod gid;
 mod mw;
+mod predict;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);
+    tests.extend_from_slice(predict::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     common::run("adversarial", &tests)
