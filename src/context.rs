@@ -37,6 +37,9 @@ pub(crate) struct ContextData {
     /// its rkey names, whichever PD, QP or SRQ the completion came through
     /// (rkeys are unique on a device).
     windows: Mutex<Vec<Weak<crate::mw::MwInner>>>,
+    /// The QPs created from this context, for the event delivery (see
+    /// `qp/known.rs`).
+    qps: crate::qp::QpRegistry,
 }
 
 impl ContextData {
@@ -48,6 +51,7 @@ impl ContextData {
             attr,
             ports,
             windows: Mutex::new(Vec::new()),
+            qps: Default::default(),
         }
     }
 }
@@ -178,6 +182,11 @@ impl Context {
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_context {
         self.inner.as_ptr()
+    }
+
+    /// The QPs created from this context, by pointer.
+    pub(crate) fn qp_registry(&self) -> &crate::qp::QpRegistry {
+        &self.inner.keep().qps
     }
 
     /// The device's name, e.g. `"rxe0"`.

@@ -87,6 +87,15 @@ pub enum AsyncEvent {
 impl Context {
     /// Waits for the next asynchronous event of the device and acknowledges it.
     ///
+    /// An event that moves a QP to ERR on the device (`IBV_EVENT_QP_FATAL`,
+    /// `QP_REQ_ERR`, `QP_ACCESS_ERR`, and `QP_LAST_WQE_REACHED`, which comes
+    /// in ERR) updates the known [`state`](crate::QueuePair::state) of that
+    /// QP, if it was created from this context (or a clone of it): before
+    /// acknowledging the event, while the QP cannot be destroyed, this call
+    /// reads the QP's state from the device (`ibv_query_qp`) and records it
+    /// unless the QP's owner recorded a move meanwhile (the event may be
+    /// read long after it was raised, after a RESET).
+    ///
     /// Blocks unless the context's async descriptor ([`async_fd`](Self::async_fd))
     /// was made non-blocking, in which case the error's errno is `EAGAIN`
     /// when nothing is pending.
@@ -151,6 +160,17 @@ impl Context {
                 other => AsyncEvent::Other(other),
             }
         };
+        if matches!(
+            e,
+            t::IBV_EVENT_QP_FATAL
+                | t::IBV_EVENT_QP_REQ_ERR
+                | t::IBV_EVENT_QP_ACCESS_ERR
+                | t::IBV_EVENT_QP_LAST_WQE_REACHED
+        ) {
+            // SAFETY: the event names a QP (its type says so) that cannot
+            // be destroyed before the event is acknowledged, below.
+            unsafe { self.qp_registry().device_moved(raw.element.qp) };
+        }
         // SAFETY: `raw` is the event just returned, acknowledged once.
         unsafe { sys::ibv_ack_async_event(&mut raw) };
         Ok(ev)

@@ -334,12 +334,14 @@ impl MemoryRegion {
             ));
         }
         let len = self.len();
+        let local_write = self.access.contains(AccessFlags::LOCAL_WRITE);
         Ok((0..len)
             .step_by(chunk_len)
             .map(|offset| Chunk {
                 mr: Arc::clone(&self.inner),
                 offset,
                 len: chunk_len.min(len - offset),
+                local_write,
             })
             .collect())
     }
@@ -436,6 +438,10 @@ pub struct Chunk {
     mr: Arc<MrInner>,
     offset: usize,
     len: usize,
+    /// Whether the region was registered with `LOCAL_WRITE`, so that the
+    /// device may write the chunk: copied from the region when the chunk
+    /// is made, so the data path tests one flag per entry.
+    local_write: bool,
 }
 
 impl Chunk {
@@ -505,6 +511,14 @@ impl Chunk {
     #[inline]
     pub(crate) fn pd_ptr(&self) -> *mut sys::ibv_pd {
         self.mr.keep().0.as_ptr()
+    }
+
+    /// Whether the device may write the chunk: its region was registered
+    /// with [`AccessFlags::LOCAL_WRITE`]. Receives, RDMA READ and atomic
+    /// destinations need it; the post refuses them otherwise.
+    #[inline]
+    pub fn local_write(&self) -> bool {
+        self.local_write
     }
 
     /// Whether `other` is a chunk of the same region.

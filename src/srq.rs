@@ -171,8 +171,18 @@ impl SharedReceiveQueue {
     /// Posts a chain of receives with one `ibv_post_srq_recv` call.
     ///
     /// Refused before the call, with every chunk handed back: more entries
-    /// than the SRQ's `max_sge`, chunks of another PD, more receives than
-    /// there is room for. An empty iterator posts nothing and calls nothing.
+    /// than the SRQ's `max_sge`, chunks of another PD, chunks of a region
+    /// registered without `LOCAL_WRITE` (the device writes receives), more
+    /// receives than there is room for. An empty iterator posts nothing and
+    /// calls nothing.
+    ///
+    /// Not checked: room for the 40-byte GRH that a UD QP's receive needs
+    /// first on a port that needs a GRH (RoCE), which
+    /// [`QueuePair::post_recv`](crate::QueuePair::post_recv) refuses. The
+    /// SRQ cannot tell which QPs its receives will serve (one SRQ may serve
+    /// RC and UD QPs, on ports of either kind), so a receive of fewer than
+    /// 40 bytes is posted; a UD QP on RoCE that takes it fails it and goes
+    /// to ERR.
     /// If the provider fails, the SRQ keeps every receive of the call (see
     /// [`PostError`]).
     ///
@@ -207,6 +217,8 @@ impl SharedReceiveQueue {
                 None,
                 keep.max_sge as usize,
                 keep.pd.as_ptr(),
+                // No GRH floor: the SRQ cannot tell which QPs its receives serve.
+                0,
                 |n, room, _| {
                     Error::invalid(
                         VERB,
@@ -232,7 +244,13 @@ impl SharedReceiveQueue {
 
     /// Hands back the receive that `wc` ends (a completion of any QP using
     /// this SRQ); returns 1, or 0 when `wc` is not one of this SRQ's
-    /// outstanding receives (another queue's, or already reclaimed). A
+    /// outstanding receives (another queue's, or already reclaimed).
+    ///
+    /// A failed receive moved its QP to ERR, but the SRQ holds no QP and
+    /// this does not change any QP's known
+    /// [`state`](crate::QueuePair::state): reclaim through the QP
+    /// ([`QueuePair::reclaim`](crate::QueuePair::reclaim), which asks the
+    /// device), or [`resync`](crate::QueuePair::resync) it. A
     /// receive that carried a peer's invalidation
     /// ([`invalidated_rkey`](Self::invalidated_rkey)) frees the memory
     /// window it names, as [`QueuePair::reclaim`](crate::QueuePair::reclaim) does.

@@ -555,7 +555,8 @@ impl CmId {
             verb: VERB,
             errno: libc::EINVAL,
         })?;
-        let (link, shared) = QpLink::new(self.inner.chan.clone(), raw_id, qp_ptr);
+        let (link, shared) =
+            QpLink::new(self.inner.chan.clone(), raw_id, qp_ptr, qp.known().clone());
         // librdmacm took a UD QP to RTS (`ucma_init_ud_qp`), a connected
         // one to INIT (`ucma_init_conn_qp`), on the id's port.
         // SAFETY: the id is live; the lock is held.

@@ -7,9 +7,10 @@
 //! goes first clears `id->qp` under the channel's lock, the lock every such
 //! librdmacm call runs under: the id never points at a destroyed QP.
 //!
-//! The QP's known state lives here too, shared by the [`QueuePair`] and the
-//! id: the CM's moves are read from the device and stored while the lock is
-//! held, and [`QueuePair::state`] reads them.
+//! The QP's known state is shared by the [`QueuePair`] and the id (one
+//! cell, the QP's, which its error completions and fatal events update
+//! too): the CM's moves are read from the device and stored while the lock
+//! is held, and [`QueuePair::state`] reads them.
 //!
 //! [`QueuePair`]: crate::QueuePair
 //! [`QueuePair::state`]: crate::QueuePair::state
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::channel::ChannelInner;
-use crate::qp::QpState;
+use crate::qp::{Known, QpState};
 use crate::sys;
 
 /// What the QP and the id share.
@@ -31,7 +32,8 @@ pub(crate) struct LinkShared {
     /// The QP (valid while `id` is not null: the QP clears `id` before it
     /// is destroyed).
     qp: NonNull<sys::ibv_qp>,
-    state: AtomicU8,
+    /// The QP's known state (the QP's own cell).
+    known: Arc<Known>,
     /// 0 for none.
     port: AtomicU8,
 }
@@ -50,24 +52,32 @@ impl LinkShared {
         if self.id.load(Ordering::Acquire).is_null() {
             return;
         }
-        let mut attr = sys::ibv_qp_attr::default();
-        let mut init = sys::ibv_qp_init_attr::default();
-        // SAFETY: `id` is not null, so the QP is alive (it clears `id` under
-        // the lock the caller holds before being destroyed); the structs
-        // are valid out-parameters.
-        let rc = unsafe {
-            sys::ibv_query_qp(
-                self.qp.as_ptr(),
-                &mut attr,
-                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32
-                    | sys::ibv_qp_attr_mask::IBV_QP_PORT.0 as i32,
-                &mut init,
-            )
-        };
-        if rc == 0 {
-            let state = QpState::from_raw(attr.qp_state).unwrap_or(QpState::Unknown);
-            self.set_state(state);
-            self.set_port((state != QpState::Reset).then_some(attr.port_num));
+        let mut port = None;
+        // What is read stands unless the QP's owner recorded a move while
+        // the query ran (as for a fatal event: see `qp/known.rs`).
+        self.known.follow_device(|| {
+            let mut attr = sys::ibv_qp_attr::default();
+            let mut init = sys::ibv_qp_init_attr::default();
+            // SAFETY: `id` is not null, so the QP is alive (it clears `id`
+            // under the lock the caller holds before being destroyed); the
+            // structs are valid out-parameters.
+            let rc = unsafe {
+                sys::ibv_query_qp(
+                    self.qp.as_ptr(),
+                    &mut attr,
+                    sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32
+                        | sys::ibv_qp_attr_mask::IBV_QP_PORT.0 as i32,
+                    &mut init,
+                )
+            };
+            (rc == 0).then(|| {
+                let state = QpState::from_raw(attr.qp_state).unwrap_or(QpState::Unknown);
+                port = Some((state != QpState::Reset).then_some(attr.port_num));
+                state
+            })
+        });
+        if let Some(port) = port {
+            self.set_port(port);
         }
         // A failed query leaves the last known state; the QP's own `resync`
         // reports the failure to whoever asks.
@@ -82,7 +92,7 @@ impl LinkShared {
     }
 
     fn set_state(&self, state: QpState) {
-        self.state.store(state.as_raw() as u8, Ordering::Release);
+        self.known.set(state);
     }
 
     fn set_port(&self, port: Option<u8>) {
@@ -109,17 +119,19 @@ pub(crate) struct QpLink {
 }
 
 impl QpLink {
-    /// Ties `qp` to `id`, whose `qp` field points at it, in `state`.
+    /// Ties `qp` to `id`, whose `qp` field points at it, sharing the QP's
+    /// known state `known`.
     pub(crate) fn new(
         chan: Arc<ChannelInner>,
         id: NonNull<sys::rdma_cm_id>,
         qp: NonNull<sys::ibv_qp>,
+        known: Arc<Known>,
     ) -> (Self, Arc<LinkShared>) {
         let shared = Arc::new(LinkShared {
             chan,
             id: AtomicPtr::new(id.as_ptr()),
             qp,
-            state: AtomicU8::new(QpState::Reset.as_raw() as u8),
+            known,
             port: AtomicU8::new(0),
         });
         (
@@ -128,12 +140,6 @@ impl QpLink {
             },
             shared,
         )
-    }
-
-    #[inline]
-    pub(crate) fn state(&self) -> QpState {
-        QpState::from_raw(u32::from(self.shared.state.load(Ordering::Acquire)))
-            .unwrap_or(QpState::Unknown)
     }
 
     pub(crate) fn port(&self) -> Option<u8> {
@@ -146,6 +152,12 @@ impl QpLink {
     /// Stores `state`, and `port` when given (`Some(None)`: no port).
     pub(crate) fn set(&self, state: QpState, port: Option<Option<u8>>) {
         self.shared.set_state(state);
+        self.set_port(port);
+    }
+
+    /// Stores `port` when given (`Some(None)`: no port); the state is the
+    /// QP's own cell, which the QP sets itself.
+    pub(crate) fn set_port(&self, port: Option<Option<u8>>) {
         if let Some(port) = port {
             self.shared.set_port(port);
         }

@@ -30,6 +30,7 @@
 mod attr;
 mod connect;
 mod ex;
+mod known;
 mod ledger;
 mod mask;
 mod modify;
@@ -53,6 +54,7 @@ pub use connect::{ConnectOptions, Endpoint};
 #[cfg(feature = "cm")]
 pub(crate) use ex::create_ex_with;
 pub use ex::{SendOpsFlags, WrBatch};
+pub(crate) use known::{Known, QpRegistry};
 pub use mask::QpAttrMask;
 pub(crate) use post::fail as post_error;
 pub use post::{Completed, Completion, PostError, RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
@@ -226,6 +228,9 @@ struct QpKeep {
     _recv_cq: CompletionQueue,
     srq: Option<SharedReceiveQueue>,
     pending: Box<post::Pending>,
+    /// The QP's entry in its context's registry (for the event delivery);
+    /// dropped only after the QP is destroyed.
+    _registration: known::Registration,
 }
 
 /// A queue pair (`struct ibv_qp`).
@@ -242,10 +247,16 @@ pub struct QueuePair {
     inner: Owned<sys::ibv_qp, QpKeep>,
     qp_type: QpType,
     caps: QpCaps,
-    /// The state as of the last successful modify or resync.
-    state: QpState,
+    /// The known state: as of the last successful modify or resync, or
+    /// what an error completion or a fatal event proved since (shared
+    /// with the context's event delivery and, for a CM QP, with its id).
+    known: std::sync::Arc<Known>,
     /// The port set by the last modify that carried IBV_QP_PORT.
     port: Option<u8>,
+    /// For a UD QP: the port the receive floor was last found for (0:
+    /// none yet) and the floor, the bytes a receive needs at least (the
+    /// 40-byte GRH on a port that needs one, else 0).
+    recv_floor: (u8, u32),
     /// For a QP made with `send_ops`: its `ibv_qp_ex`.
     ex: Option<ex::QpEx>,
 }
@@ -378,12 +389,14 @@ impl QueuePair {
             Err(e) => return Err(e),
         };
         let caps = QpCaps::from_raw(&raw_attr.cap);
+        let known = Known::new(QpState::Reset);
         let keep = QpKeep {
             pd: pd.clone(),
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),
             srq: attr.srq.cloned(),
             pending: Box::new(post::Pending::new(&caps)),
+            _registration: known::Registration::new(ctx, raw.as_ptr(), &known),
         };
         // SAFETY: a fresh QP owned by nobody else; `keep` holds its PD and CQs.
         let inner = unsafe { Owned::new(raw, keep) };
@@ -394,8 +407,9 @@ impl QueuePair {
             qp_type: attr.qp_type,
             // ibv_create_qp wrote back the sizes the device actually gave.
             caps,
-            state: QpState::Reset,
+            known,
             port: None,
+            recv_floor: (0, 0),
             ex: None,
         })
     }
@@ -487,6 +501,36 @@ impl QueuePair {
         #[cfg(feature = "cm")]
         drop(self.cm);
         self.inner
+    }
+
+    /// The known state's shared cell (for the CM id of a CM QP).
+    #[cfg(feature = "cm")]
+    pub(crate) fn known(&self) -> &std::sync::Arc<Known> {
+        &self.known
+    }
+
+    /// The fewest bytes a receive may have in all: for a UD QP on a port
+    /// that needs a GRH (RoCE, or `IBV_QPF_GRH_REQUIRED`), the 40-byte GRH
+    /// the device writes first; otherwise 0. Found once per port (from the
+    /// context's port cache) and kept.
+    #[inline]
+    pub(crate) fn recv_floor(&mut self) -> u32 {
+        if self.qp_type != QpType::Ud {
+            return 0;
+        }
+        let Some(port) = self.port() else { return 0 };
+        if self.recv_floor.0 == port {
+            return self.recv_floor.1;
+        }
+        match self.pd().context().port_fixed(port, false) {
+            Ok(f) => {
+                let floor = if f.grh_required() { post::GRH_LEN } else { 0 };
+                self.recv_floor = (port, floor);
+                floor
+            }
+            // Not known: nothing refused (the device judges).
+            Err(_) => 0,
+        }
     }
 
     /// Ties the QP to a CM id (see [`crate::cm::QpLink`]).

@@ -11,8 +11,31 @@ use crate::sys;
 
 impl QueuePair {
     /// The state the QP is known to be in: the target of the last successful
-    /// modify, or what the last [`resync`](Self::resync) read. A device can
-    /// move a QP to ERR or SQE on its own; `resync` catches up with it.
+    /// modify, or what the last [`resync`](Self::resync) read, or what the
+    /// device is since known to have done on its own:
+    ///
+    /// * reclaiming ([`reclaim`](Self::reclaim),
+    ///   [`reclaim_chunks`](Self::reclaim_chunks)) a failed or flushed
+    ///   completion of the QP's own queues records ERR (both prove the
+    ///   device moved the QP there: flushes happen only in ERR, and an
+    ///   error completion moves an RC QP, and any QP's receive queue, to
+    ///   ERR). A failed send of a UD or UC QP may leave it in SQE (the
+    ///   verbs' rule; rxe moves it to ERR), and a failed receive of the QP's
+    ///   SRQ may be older than a RESET of the QP (SRQ receives outlive it):
+    ///   for those the QP asks the device (one `ibv_query_qp`, unless the
+    ///   state is known to be ERR already). A completion reclaimed with
+    ///   [`SharedReceiveQueue::reclaim`](crate::SharedReceiveQueue::reclaim)
+    ///   does not reach the QP (the SRQ holds no QP);
+    /// * a fatal asynchronous event of the QP (`IBV_EVENT_QP_FATAL`,
+    ///   `QP_REQ_ERR`, `QP_ACCESS_ERR`, `QP_LAST_WQE_REACHED`) read with
+    ///   [`Context::get_async_event`](crate::Context::get_async_event) on
+    ///   the context the QP was made from (or a clone of it) makes that
+    ///   call read the QP's state from the device and record it, unless
+    ///   the QP was modified meanwhile.
+    ///
+    /// Anything else the device does on its own (a QP that fails with no
+    /// completion reclaimed and no event read, a `DEVICE_FATAL`) shows only
+    /// after [`resync`](Self::resync). Reading the state is one atomic load.
     ///
     /// For a QP created on a connection manager id
     /// ([`CmId::create_qp`](crate::cm::CmId::create_qp)), the moves the CM
@@ -21,11 +44,7 @@ impl QueuePair {
     /// updated before the call or event that made the move returns.
     #[inline]
     pub fn state(&self) -> QpState {
-        #[cfg(feature = "cm")]
-        if let Some(link) = &self.cm {
-            return link.state();
-        }
-        self.state
+        self.known.state()
     }
 
     /// The port the QP was bound to by a modify carrying `IBV_QP_PORT`.
@@ -39,13 +58,13 @@ impl QueuePair {
 
     /// Makes `state` (and `port`, when given) the known state.
     pub(crate) fn set_known(&mut self, state: QpState, port: Option<Option<u8>>) {
-        self.state = state;
+        self.known.set(state);
         if let Some(port) = port {
             self.port = port;
         }
         #[cfg(feature = "cm")]
         if let Some(link) = &self.cm {
-            link.set(state, port);
+            link.set_port(port);
         }
     }
 

@@ -51,7 +51,15 @@
 //! [`state`](QueuePair::state)), empty calls (the provider is never asked),
 //! more requests than the queue has room for, entry counts, inline sizes,
 //! operations the transport lacks, chunks and address handles of another
-//! protection domain.
+//! protection domain. So is what the device is sure to fail, which would
+//! move the QP to ERR: entries the device must write (receives, RDMA READ
+//! and atomic destinations) in a region registered without `LOCAL_WRITE`
+//! (each chunk carries that flag, one test per entry), UD receives with no
+//! room for the 40-byte GRH on a port where every datagram carries one,
+//! and atomics on a device whose `atomic_cap` is NONE.
+//!
+//! What the device does fail moves the known state: reclaiming a failed or
+//! flushed completion records ERR (see [`QueuePair::state`]).
 //!
 //! Chunks are never taken from a region that peers may write
 //! (`REMOTE_WRITE`, `REMOTE_ATOMIC`): such memory is only reachable by copy
@@ -418,6 +426,25 @@ impl Sges {
             }
         }
         Ok(())
+    }
+
+    /// Refuses entries the device must write (`what`: a receive, an RDMA
+    /// READ's or an atomic's destination) whose region was registered
+    /// without `LOCAL_WRITE`: the device would fail the request and move
+    /// the QP to ERR. One flag test per entry (the chunk carries it).
+    #[inline]
+    fn check_writable(&self, verb: &'static str, what: &str) -> Result<()> {
+        match (0..self.n).find(|&i| self.entry(i).is_some_and(|c| !c.local_write())) {
+            None => Ok(()),
+            Some(i) => Err(Error::invalid(
+                verb,
+                format!(
+                    "entry {i}'s region was registered without LOCAL_WRITE \
+                     (AccessFlags::LOCAL_WRITE), and {what} writes into it: \
+                     the device would fail the request and move the QP to ERR"
+                ),
+            )),
+        }
     }
 
     /// Moves the owned chunks to `out` (a refused request's).
@@ -931,6 +958,8 @@ pub(super) struct SendCheck {
     pub(super) pd: *mut sys::ibv_pd,
     pub(super) max_sge: u32,
     pub(super) max_inline: u32,
+    /// Whether the device does atomics (`atomic_cap` is not NONE).
+    pub(super) atomics: bool,
 }
 
 impl SendCheck {
@@ -942,6 +971,7 @@ impl SendCheck {
             pd: qp.pd().as_ptr(),
             max_sge: caps.max_send_sge,
             max_inline: caps.max_inline_data,
+            atomics: qp.pd().context().attr().atomic_cap != crate::device_attr::AtomicCap::None,
         }
     }
 
@@ -987,11 +1017,23 @@ impl SendCheck {
             "the QP's max_send_sge",
             self.pd,
         )?;
-        if (matches!(op, SendOp::RdmaRead(_)) || op.is_atomic()) && wr.sges.has_shared() {
+        if matches!(op, SendOp::RdmaRead(_)) || op.is_atomic() {
+            if wr.sges.has_shared() {
+                return Err(Error::invalid(
+                    VERB,
+                    format!(
+                        "{} writes into its local entries, and a SharedChunk is read-only",
+                        op.name()
+                    ),
+                ));
+            }
+            wr.sges.check_writable(VERB, op.name())?;
+        }
+        if op.is_atomic() && !self.atomics {
             return Err(Error::invalid(
                 VERB,
                 format!(
-                    "{} writes into its local entries, and a SharedChunk is read-only",
+                    "{}: the device's atomic_cap is NONE, it performs no atomics",
                     op.name()
                 ),
             ));
@@ -1082,6 +1124,9 @@ impl QueuePair {
     /// [`SendOpsFlags::for_transport`]), UD destinations,
     /// entry counts against `max_send_sge` and [`MAX_SGE`], inline sizes
     /// against `max_inline_data`, atomics' 8-byte entry and alignment,
+    /// atomics on a device whose `atomic_cap` is NONE, RDMA READ and
+    /// atomic destinations in a region registered without `LOCAL_WRITE`
+    /// (the device would fail the request and move the QP to ERR),
     /// chunks and address handles of another PD, and no room in the send
     /// queue. An empty iterator posts nothing and calls nothing. If the
     /// provider fails, see [`PostError`]. Allocates nothing for chains of
@@ -1144,7 +1189,15 @@ impl QueuePair {
     /// known state is RESET or ERR (in ERR the verbs would flush the
     /// receive, but rxe on Linux 6.1 never completes it), a QP that
     /// receives through an SRQ, more entries than `max_recv_sge` or
-    /// [`MAX_SGE`], chunks of another PD, and no room in the receive queue.
+    /// [`MAX_SGE`], chunks of another PD, chunks of a region registered
+    /// without `LOCAL_WRITE` (the device writes receives: it would fail
+    /// the receive and move the QP to ERR), on a UD QP bound to a port that
+    /// needs a GRH (RoCE, or `IBV_QPF_GRH_REQUIRED`) a receive of fewer
+    /// than 40 bytes in all (the device writes the 40-byte GRH first, and
+    /// on such a port every datagram carries one), and no room in the
+    /// receive queue. On an InfiniBand port without that flag the 40 bytes
+    /// are not checked: a datagram may come without a GRH (its payload still
+    /// starts at byte 40, ibv_post_recv(3)).
     /// An empty iterator posts nothing and calls nothing.
     #[doc(alias = "ibv_post_recv")]
     pub fn post_recv<I>(&mut self, wrs: I) -> Result<(), PostError>
@@ -1166,6 +1219,7 @@ impl QueuePair {
         };
         let max_sge = self.caps().max_recv_sge as usize;
         let pd = self.pd().as_ptr();
+        let floor = self.recv_floor();
         let qp = self.as_ptr();
         let p = self.pending_mut();
         post_recv_chain(
@@ -1177,6 +1231,7 @@ impl QueuePair {
             error,
             max_sge,
             pd,
+            floor,
             |n, room, held| {
                 Error::invalid(
                     VERB,
@@ -1296,7 +1351,34 @@ impl QueuePair {
                 crate::mw::invalidated_by_peer(self.pd().context(), rkey);
             }
         }
+        if n > 0 && !wc.succeeded() && self.state() != QpState::Err {
+            self.device_failed(kind);
+        }
         n
+    }
+
+    /// A failed or flushed completion of one of this QP's requests was
+    /// reclaimed (`kind`: its queue): the device moved the QP, and the
+    /// known state follows.
+    ///
+    /// A flush happens only in ERR, and an error moves the QP to ERR,
+    /// except a send's on UD or UC, which the verbs move to SQE (rxe: ERR).
+    /// The request was outstanding, so the QP was not reset since it was
+    /// posted, and ERR has no way out but RESET: for the QP's own queues
+    /// ERR still holds. Receives of the QP's SRQ outlive a RESET of the QP,
+    /// so such a completion may be older than one; those and the UD/UC
+    /// sends ask the device.
+    #[cold]
+    #[inline(never)]
+    fn device_failed(&mut self, kind: Option<Kind>) {
+        match kind {
+            Some(Kind::Recv) => self.set_known(QpState::Err, None),
+            Some(Kind::Send) if self.qp_type() == QpType::Rc => self.set_known(QpState::Err, None),
+            // A failed query leaves the known state; `resync` reports it.
+            _ => {
+                let _ = self.resync();
+            }
+        }
     }
 
     /// Hands back the requests that completion `wc` ends, as
@@ -1454,6 +1536,7 @@ pub(crate) fn post_recv_chain(
     error: Option<Error>,
     max_sge: usize,
     pd: *mut sys::ibv_pd,
+    min_len: u32,
     no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> c_int,
 ) -> Result<(), PostError> {
@@ -1464,7 +1547,7 @@ pub(crate) fn post_recv_chain(
         sges,
         reqs,
         error,
-        |wr| check_recv(wr, max_sge, pd, verb),
+        |wr| check_recv(wr, max_sge, pd, min_len, verb),
         raw_recv,
         |wr| (wr.wr_id, wr.sges.take()),
         give_owned,
@@ -1616,15 +1699,36 @@ impl HasSges for RecvWr {
     }
 }
 
-/// The checks a receive gets before any call, for QPs and SRQs alike.
+/// The checks a receive gets before any call, for QPs and SRQs alike:
+/// the entry checks, every entry writable by the device, and at least
+/// `min_len` bytes in all (a UD QP's 40-byte GRH on a port that needs one,
+/// else 0).
 pub(crate) fn check_recv(
     wr: &RecvWr,
     max_sge: usize,
     pd: *mut sys::ibv_pd,
+    min_len: u32,
     verb: &'static str,
 ) -> Result<()> {
-    wr.sges.check(verb, max_sge, "max_recv_sge", pd)
+    wr.sges.check(verb, max_sge, "max_recv_sge", pd)?;
+    wr.sges.check_writable(verb, "a receive")?;
+    if min_len > 0 && wr.sges.total() < u64::from(min_len) {
+        return Err(Error::invalid(
+            verb,
+            format!(
+                "a UD receive of {} bytes on a port that needs a GRH: the device writes the \
+                 {GRH_LEN}-byte GRH first, so a receive needs at least {min_len} bytes \
+                 (the payload starts at byte {GRH_LEN})",
+                wr.sges.total()
+            ),
+        ));
+    }
+    Ok(())
 }
+
+/// The bytes of a Global Routing Header, which the device writes at the
+/// start of every UD receive (ibv_post_recv(3)).
+pub(crate) const GRH_LEN: u32 = 40;
 
 /// The fields the two raw request types chain with.
 pub(crate) trait ChainLink: Sized {

@@ -14,6 +14,7 @@ mod data;
 mod gid;
 mod hardening;
 mod mw;
+mod predict;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
@@ -21,6 +22,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);
+    tests.extend_from_slice(predict::TESTS);
     tests.extend_from_slice(hardening::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);

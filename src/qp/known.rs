@@ -1,0 +1,212 @@
+//! The known state of a queue pair, and how it follows the device.
+//!
+//! [`QueuePair::state`](super::QueuePair::state) is what the checks of the
+//! data path and of `modify` read. The crate's own moves (modify, resync,
+//! the CM's moves of a CM QP) set it; the device's own moves reach it in
+//! three ways:
+//!
+//! * an error or flush completion that the QP reclaims (see
+//!   [`QueuePair::reclaim`](super::QueuePair::reclaim));
+//! * a fatal asynchronous event of the QP (`IBV_EVENT_QP_FATAL`,
+//!   `QP_REQ_ERR`, `QP_ACCESS_ERR`, `QP_LAST_WQE_REACHED`) read with
+//!   [`Context::get_async_event`](crate::Context::get_async_event) on the
+//!   context the QP was created from: the event names the QP by pointer,
+//!   and the context keeps a registry from pointer to the QP's [`Known`];
+//! * [`QueuePair::resync`](super::QueuePair::resync).
+//!
+//! The state is one atomic word: the state and a generation that every
+//! move the crate makes bumps. An event is read by another thread at any
+//! later time, possibly after the owner has reset the QP and brought it
+//! back up, so it never stores "ERR" blindly: it reads the QP's state from
+//! the device (the QP stays alive until the event is acknowledged) and
+//! stores what it read only if no move was recorded since it started
+//! (compare-and-swap on the word). Whatever it stores was thus the
+//! device's state at a moment after the last recorded move.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::QpState;
+use crate::context::Context;
+use crate::sys;
+
+/// The low byte of the word: the state.
+const STATE: u64 = 0xff;
+
+/// A QP's known state, shared by the QP, its CM id (for a CM QP) and the
+/// context's registry.
+pub(crate) struct Known {
+    /// `generation << 8 | state`.
+    word: AtomicU64,
+}
+
+impl Known {
+    pub(crate) fn new(state: QpState) -> Arc<Self> {
+        Arc::new(Known {
+            word: AtomicU64::new(u64::from(state.as_raw()) & STATE),
+        })
+    }
+
+    /// The known state: one atomic load.
+    #[inline]
+    pub(crate) fn state(&self) -> QpState {
+        let raw = (self.word.load(Ordering::Acquire) & STATE) as u32;
+        QpState::from_raw(raw).unwrap_or(QpState::Unknown)
+    }
+
+    /// Records a move made by (or proved to) the crate, with a new
+    /// generation.
+    pub(crate) fn set(&self, state: QpState) {
+        let s = u64::from(state.as_raw()) & STATE;
+        let _ = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some(((w >> 8).wrapping_add(1) << 8) | s)
+            });
+    }
+
+    /// The device may have moved the QP on its own: reads its state with
+    /// `query` and stores it, unless a move was recorded meanwhile (that
+    /// record is newer than the query may be). A failed query (`None`)
+    /// changes nothing.
+    pub(crate) fn follow_device(&self, query: impl FnOnce() -> Option<QpState>) {
+        let before = self.word.load(Ordering::Acquire);
+        let Some(state) = query() else { return };
+        let after = (before & !STATE) | (u64::from(state.as_raw()) & STATE);
+        let _ = self
+            .word
+            .compare_exchange(before, after, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// The state of a live QP as the device reports it (`ibv_query_qp` with
+/// `IBV_QP_STATE`), `None` if the query fails.
+///
+/// # Safety
+/// `qp` is a live QP for the whole call.
+pub(crate) unsafe fn query_state(qp: *mut sys::ibv_qp) -> Option<QpState> {
+    let mut attr = sys::ibv_qp_attr::default();
+    let mut init = sys::ibv_qp_init_attr::default();
+    // SAFETY: `qp` is live (the caller's promise); the structs are valid
+    // out-parameters.
+    let rc = unsafe {
+        sys::ibv_query_qp(
+            qp,
+            &mut attr,
+            sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            &mut init,
+        )
+    };
+    (rc == 0).then(|| QpState::from_raw(attr.qp_state).unwrap_or(QpState::Unknown))
+}
+
+/// A context's QPs by their `ibv_qp` pointer, for the event delivery.
+#[derive(Default)]
+pub(crate) struct QpRegistry {
+    qps: Mutex<HashMap<usize, Arc<Known>>>,
+}
+
+impl QpRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Arc<Known>>> {
+        // Only whole inserts and removes happen under the lock.
+        self.qps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The event delivery's part: the device raised an event that moves
+    /// the live QP `qp` (not acknowledged yet, so not destroyed); if it is
+    /// one of this context's, its known state follows the device.
+    ///
+    /// # Safety
+    /// `qp` is a live QP for the whole call.
+    pub(crate) unsafe fn device_moved(&self, qp: *mut sys::ibv_qp) {
+        let known = self.lock().get(&(qp as usize)).cloned();
+        if let Some(known) = known {
+            // SAFETY: `qp` is live for the call (the caller's promise).
+            known.follow_device(|| unsafe { query_state(qp) });
+        }
+    }
+}
+
+/// A QP's entry in its context's registry, removed when the QP's keep is
+/// dropped (after the QP was destroyed; a QP whose destruction failed keeps
+/// its entry, as it still exists).
+pub(crate) struct Registration {
+    ctx: Context,
+    key: usize,
+    known: Arc<Known>,
+}
+
+impl Registration {
+    /// Enters the QP `qp` of `ctx` with its known state.
+    pub(crate) fn new(ctx: &Context, qp: *mut sys::ibv_qp, known: &Arc<Known>) -> Self {
+        let key = qp as usize;
+        // A stale entry under the same pointer is a destroyed QP's whose
+        // keep is not dropped yet: the live QP replaces it.
+        ctx.qp_registry().lock().insert(key, Arc::clone(known));
+        Registration {
+            ctx: ctx.clone(),
+            key,
+            known: Arc::clone(known),
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut map = self.ctx.qp_registry().lock();
+        // Only this QP's own entry: a new QP may have the same pointer now.
+        if map
+            .get(&self.key)
+            .is_some_and(|k| Arc::ptr_eq(k, &self.known))
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_and_read() {
+        let k = Known::new(QpState::Reset);
+        assert_eq!(k.state(), QpState::Reset);
+        k.set(QpState::Rts);
+        assert_eq!(k.state(), QpState::Rts);
+        k.set(QpState::Err);
+        assert_eq!(k.state(), QpState::Err);
+    }
+
+    #[test]
+    fn the_device_is_followed() {
+        let k = Known::new(QpState::Rts);
+        k.follow_device(|| Some(QpState::Err));
+        assert_eq!(k.state(), QpState::Err);
+        // A failed query changes nothing.
+        k.follow_device(|| None);
+        assert_eq!(k.state(), QpState::Err);
+    }
+
+    #[test]
+    fn a_move_recorded_during_the_query_wins() {
+        // The event's query saw ERR, but the owner reset the QP and brought
+        // it up meanwhile: the owner's record stands.
+        let k = Known::new(QpState::Rts);
+        k.follow_device(|| {
+            k.set(QpState::Reset);
+            k.set(QpState::Rts);
+            Some(QpState::Err)
+        });
+        assert_eq!(k.state(), QpState::Rts);
+    }
+
+    #[test]
+    fn generations_wrap() {
+        let k = Known::new(QpState::Init);
+        k.word.store(!STATE, Ordering::Relaxed);
+        k.set(QpState::Rtr);
+        assert_eq!(k.state(), QpState::Rtr);
+    }
+}

@@ -1,0 +1,455 @@
+//! Issue 17, classes 6 and 7, from safe code: requests the device is sure
+//! to fail, which the crate can see, are refused before the provider call
+//! with every chunk handed back (class 6); and the known state follows the
+//! device after an error or flush completion, or a fatal async event
+//! (class 7).
+//!
+//! Before the fix each test shows the bad behaviour in its failure message:
+//! the request is posted and what the device then does with it, or the
+//! known state still RTS next to what the device reports.
+
+use libtest_mimic::Failed;
+use rdma_verbs::qp::*;
+use rdma_verbs::{
+    AccessFlags, AsyncEvent, Chunk, Error, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion,
+};
+
+use crate::common::{connect, pair, poll_n, remote_region, ud_dest, Env, TestFn};
+
+pub const TESTS: &[(&str, TestFn)] = &[
+    (
+        "adversarial::predict_recv_into_region_without_local_write_is_refused",
+        recv_readonly,
+    ),
+    (
+        "adversarial::predict_srq_recv_into_region_without_local_write_is_refused",
+        srq_recv_readonly,
+    ),
+    (
+        "adversarial::predict_read_and_atomic_into_region_without_local_write_are_refused",
+        read_atomic_readonly,
+    ),
+    (
+        "adversarial::predict_batch_read_into_region_without_local_write_is_refused",
+        batch_read_readonly,
+    ),
+    (
+        "adversarial::predict_ud_recv_without_room_for_the_grh_is_refused",
+        ud_recv_no_grh_room,
+    ),
+    (
+        "adversarial::predict_error_completion_moves_known_state_to_err",
+        error_completion_err,
+    ),
+    (
+        "adversarial::predict_flush_completion_moves_known_state_to_err",
+        flush_completion_err,
+    ),
+    (
+        "adversarial::predict_responder_error_shows_after_its_event_or_resync",
+        fatal_event,
+    ),
+];
+
+/// One chunk of `len` bytes of a region registered with `access` only.
+fn chunk(
+    pd: &rdma_verbs::ProtectionDomain,
+    len: usize,
+    access: AccessFlags,
+) -> Result<Chunk, Failed> {
+    Ok(pd.alloc_chunks(1, len, access)?.remove(0))
+}
+
+/// The refusal a test expects: nothing posted, `chunks` chunks back, and a
+/// message naming `why`.
+fn expect_refusal(
+    r: Result<(), PostError>,
+    chunks: usize,
+    why: &str,
+    otherwise: impl FnOnce() -> Result<String, Failed>,
+) -> Result<(), Failed> {
+    match r {
+        Err(e) => {
+            ensure!(e.posted == 0, "{e}: {} posted", e.posted);
+            ensure!(
+                e.returned.len() == chunks,
+                "{e}: {} of {chunks} chunk(s) back",
+                e.returned.len()
+            );
+            ensure!(
+                e.error.to_string().contains(why),
+                "refused, but the message does not say {why:?}: {e}"
+            );
+            Ok(())
+        }
+        Ok(()) => Err(otherwise()?.into()),
+    }
+}
+
+/// The statuses of completions, for messages.
+fn statuses(wcs: &[WorkCompletion]) -> Vec<String> {
+    wcs.iter()
+        .map(|w| match w.status() {
+            Ok(s) => format!("{s:?}"),
+            Err(raw) => format!("status {raw}"),
+        })
+        .collect()
+}
+
+/// What the device did with a receive that should have been refused, once
+/// `a` sends 8 bytes to `b`.
+fn show_recv_fate(
+    pd: &rdma_verbs::ProtectionDomain,
+    cq: &rdma_verbs::CompletionQueue,
+    a: &mut QueuePair,
+    b: &mut QueuePair,
+    outstanding: usize,
+) -> Result<String, Failed> {
+    let src = chunk(pd, 8, AccessFlags::LOCAL_WRITE)?;
+    a.post_send([SendWr::new(2, SendOp::Send).sge(src)])?;
+    let wcs = poll_n(cq, 2)?;
+    let (mut ended_a, mut ended_b) = (0, 0);
+    for wc in &wcs {
+        ended_a += a.reclaim_chunks(wc, &mut Vec::new());
+        ended_b += b.reclaim_chunks(wc, &mut Vec::new());
+        ended_b += b.srq().map_or(0, |s| s.reclaim(wc, drop));
+    }
+    Ok(format!(
+        "the receive was posted ({outstanding} outstanding); a send to it then completed \
+         {:?} (ended {ended_a} of a's, {ended_b} of b's); known states a {:?} b {:?}, \
+         device a {:?} b {:?}",
+        statuses(&wcs),
+        a.state(),
+        b.state(),
+        a.query_state(),
+        b.query_state()
+    ))
+}
+
+/// A receive into a chunk of a region without LOCAL_WRITE: before the fix
+/// it is posted, and the send that lands in it kills both QPs.
+fn recv_readonly(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
+    let before = p.b.outstanding_recvs();
+    let r =
+        p.b.post_recv([RecvWr::new(1).sge(chunk(&p.pd, 64, AccessFlags::empty())?)]);
+    let now = p.b.outstanding_recvs();
+    expect_refusal(r, 1, "LOCAL_WRITE", || {
+        show_recv_fate(&p.pd, &p.cq, &mut p.a, &mut p.b, now)
+    })?;
+    ensure!(now == before, "{now} receives outstanding, {before} before");
+    ensure!(
+        p.b.state() == QpState::Rts,
+        "b is known in {:?}",
+        p.b.state()
+    );
+    Ok(())
+}
+
+/// The same through an SRQ, which must check it too.
+fn srq_recv_readonly(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let srq = pd.create_srq(16, 1, 0)?;
+    let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq))?;
+    let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq))?;
+    connect(env, &mut a, &mut b, AccessFlags::empty())?;
+    let before = srq.outstanding();
+    let r = srq.post_recv([RecvWr::new(1).sge(chunk(&pd, 64, AccessFlags::empty())?)]);
+    let now = srq.outstanding();
+    expect_refusal(r, 1, "LOCAL_WRITE", || {
+        show_recv_fate(&pd, &cq, &mut a, &mut b, now)
+    })?;
+    ensure!(now == before, "{now} receives outstanding, {before} before");
+    Ok(())
+}
+
+/// What the device did with a send that should have been refused.
+fn show_send_fate(
+    cq: &rdma_verbs::CompletionQueue,
+    qp: &mut QueuePair,
+    outstanding: usize,
+) -> Result<String, Failed> {
+    let wcs = poll_n(cq, 1)?;
+    let ended = qp.reclaim_chunks(&wcs[0], &mut Vec::new());
+    Ok(format!(
+        "the request was posted ({outstanding} outstanding); it completed {:?} \
+         (ended {ended}); known state {:?}, device {:?}",
+        statuses(&wcs),
+        qp.state(),
+        qp.query_state()
+    ))
+}
+
+/// Makes an operation on a remote address.
+type MakeOp = fn(RemoteAddr) -> SendOp;
+
+/// RDMA READ and atomics write their local entry: into a chunk without
+/// LOCAL_WRITE they are refused (one QP pair each, as a posted one kills it).
+fn read_atomic_readonly(env: &Env) -> Result<(), Failed> {
+    let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE;
+    let ops: [(&str, MakeOp); 2] = [
+        ("RDMA_READ", SendOp::RdmaRead),
+        ("ATOMIC_FETCH_AND_ADD", |remote| SendOp::FetchAdd {
+            remote,
+            add: 1,
+        }),
+    ];
+    let mut found = Vec::new();
+    for (name, op) in ops {
+        let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
+        let mr = remote_region(&p.pd, 64)?;
+        let remote = RemoteAddr {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+        };
+        let before = p.a.outstanding_sends();
+        let r =
+            p.a.post_send([SendWr::new(1, op(remote)).sge(chunk(&p.pd, 8, AccessFlags::empty())?)]);
+        let now = p.a.outstanding_sends();
+        if let Err(e) = expect_refusal(r, 1, "LOCAL_WRITE", || show_send_fate(&p.cq, &mut p.a, now))
+        {
+            found.push(format!("{name}: {}", e.message().unwrap_or("?")));
+            continue;
+        }
+        ensure!(
+            now == before,
+            "{name}: {now} sends outstanding, {before} before"
+        );
+        ensure!(
+            p.a.state() == QpState::Rts,
+            "{name}: a is known in {:?}",
+            p.a.state()
+        );
+    }
+    ensure!(found.is_empty(), "{}", found.join("; "));
+    Ok(())
+}
+
+/// The same check on the extended batch path.
+fn batch_read_readonly(env: &Env) -> Result<(), Failed> {
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let attr =
+        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
+    let mut a = pd.create_qp(&attr)?;
+    let mut b = pd.create_qp(&attr)?;
+    connect(env, &mut a, &mut b, AccessFlags::REMOTE_READ)?;
+    let mr = remote_region(&pd, 64)?;
+    let remote = RemoteAddr {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+    };
+    let before = a.outstanding_sends();
+    let mut batch = a.start_batch()?;
+    let r = batch.post(SendWr::new(1, SendOp::RdmaRead(remote)).sge(chunk(
+        &pd,
+        8,
+        AccessFlags::empty(),
+    )?));
+    let in_batch = batch.len();
+    batch.complete()?;
+    let now = a.outstanding_sends();
+    expect_refusal(r, 1, "LOCAL_WRITE", || {
+        Ok(format!(
+            "batch of {in_batch}; {}",
+            show_send_fate(&cq, &mut a, now)?
+        ))
+    })?;
+    ensure!(in_batch == 0, "the batch holds {in_batch} request(s)");
+    ensure!(now == before, "{now} sends outstanding, {before} before");
+    Ok(())
+}
+
+/// A UD receive of 16 bytes on RoCE, where every datagram carries a 40-byte
+/// GRH the device writes first: before the fix it is posted and the next
+/// datagram fails it with a local QP operation error.
+fn ud_recv_no_grh_room(env: &Env) -> Result<(), Failed> {
+    if !env.ctx.query_port(env.port)?.grh_required() {
+        eprintln!("port {} needs no GRH: nothing to refuse", env.port);
+        return Ok(());
+    }
+    let mut p = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
+    let before = p.b.outstanding_recvs();
+    let r =
+        p.b.post_recv([RecvWr::new(1).sge(chunk(&p.pd, 16, AccessFlags::LOCAL_WRITE)?)]);
+    let now = p.b.outstanding_recvs();
+    expect_refusal(r, 1, "GRH", || {
+        let (ah, eb) = ud_dest(env, &p.pd, &p.b)?;
+        let mut src = chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?;
+        src.as_mut_slice().copy_from_slice(b"datagram");
+        p.a.post_send([SendWr::new(2, SendOp::Send)
+            .sge(src)
+            .ud(&ah, eb.qpn, QKey::PINGPONG)])?;
+        let wcs = poll_n(&p.cq, 2)?;
+        for wc in &wcs {
+            p.a.reclaim_chunks(wc, &mut Vec::new());
+            p.b.reclaim_chunks(wc, &mut Vec::new());
+        }
+        Ok(format!(
+            "the 16-byte receive was posted ({now} outstanding); a datagram to it then \
+             completed {:?}; known state of b {:?}, device {:?}",
+            statuses(&wcs),
+            p.b.state(),
+            p.b.query_state()
+        ))
+    })?;
+    ensure!(now == before, "{now} receives outstanding, {before} before");
+    // 40 bytes (GRH) plus payload is accepted.
+    p.b.post_recv([RecvWr::new(3).sge(chunk(&p.pd, 48, AccessFlags::LOCAL_WRITE)?)])?;
+    ensure!(
+        p.b.outstanding_recvs() == before + 1,
+        "the 48-byte receive was not posted"
+    );
+    Ok(())
+}
+
+/// After reclaiming an error completion, the QP is known in ERR, and what
+/// checks the known state refuses accordingly.
+fn check_known_err(qp: &mut QueuePair, what: &str) -> Result<(), Failed> {
+    let device = qp.query_state()?;
+    ensure!(
+        qp.state() == QpState::Err,
+        "after {what}, the known state is {:?}; the device says {device:?}",
+        qp.state()
+    );
+    ensure!(device == QpState::Err, "the device says {device:?}");
+    let c = chunk(qp.pd(), 64, AccessFlags::LOCAL_WRITE)?;
+    match qp.post_recv([RecvWr::new(7).sge(c)]) {
+        Err(PostError {
+            error: Error::QpState { state, .. },
+            posted: 0,
+            returned,
+        }) if state == QpState::Err && returned.len() == 1 => Ok(()),
+        other => Err(format!("a receive after {what}: {other:?}").into()),
+    }
+}
+
+/// An RDMA WRITE to an rkey the peer never gave: the sender's completion is
+/// an error (the device moved the QP to ERR), and reclaiming it records ERR.
+fn error_completion_err(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(
+        env,
+        QpType::Rc,
+        QpCaps::default(),
+        AccessFlags::REMOTE_WRITE,
+    )?;
+    let mr = remote_region(&p.pd, 64)?;
+    let bad = RemoteAddr {
+        addr: mr.addr(),
+        rkey: mr.rkey() ^ 0x00ff_ff00,
+    };
+    let src = chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?;
+    p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(bad)).sge(src)])?;
+    let wcs = poll_n(&p.cq, 1)?;
+    ensure!(!wcs[0].is_success(), "the write to a bad rkey succeeded");
+    let mut ended = 0;
+    p.a.reclaim(&wcs[0], |_| ended += 1);
+    ensure!(ended == 1, "the completion ended {ended} requests");
+    check_known_err(
+        &mut p.a,
+        &format!("an error completion ({:?})", statuses(&wcs)),
+    )
+}
+
+/// A failing write with a send behind it: reclaiming only the flushed
+/// send's completion (which ends both) records ERR too.
+fn flush_completion_err(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(
+        env,
+        QpType::Rc,
+        QpCaps::default(),
+        AccessFlags::REMOTE_WRITE,
+    )?;
+    let mr = remote_region(&p.pd, 64)?;
+    let bad = RemoteAddr {
+        addr: mr.addr(),
+        rkey: mr.rkey() ^ 0x00ff_ff00,
+    };
+    p.a.post_send([
+        SendWr::new(1, SendOp::RdmaWrite(bad)).sge(chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?),
+        SendWr::new(2, SendOp::Send).sge(chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?),
+    ])?;
+    let wcs = poll_n(&p.cq, 2)?;
+    let flushed = wcs
+        .iter()
+        .find(|w| w.status() == Ok(rdma_verbs::WcStatus::WrFlushErr))
+        .ok_or_else(|| format!("no flushed completion: {:?}", statuses(&wcs)))?;
+    let mut back = Vec::new();
+    let ended = p.a.reclaim_chunks(flushed, &mut back);
+    ensure!(
+        ended == 2 && back.len() == 2,
+        "the flush ended {ended} ({} chunks)",
+        back.len()
+    );
+    check_known_err(&mut p.a, "a flush completion")
+}
+
+/// The responder of a write to a bad rkey goes to ERR without any
+/// completion of its own. If the device raises a fatal QP event for it,
+/// reading the event records the device's state; rxe on Linux 6.1 raises
+/// none (measured), and then the known state catches up at `resync`, as
+/// `QueuePair::state` documents.
+fn fatal_event(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(
+        env,
+        QpType::Rc,
+        QpCaps::default(),
+        AccessFlags::REMOTE_WRITE,
+    )?;
+    let ctx = env.ctx.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Blocks in ibv_get_async_event; left behind if no event comes.
+    std::thread::spawn(move || {
+        while let Ok(ev) = ctx.get_async_event() {
+            if tx.send(ev).is_err() {
+                break;
+            }
+        }
+    });
+    let mr = remote_region(&p.pd, 64)?;
+    let bad = RemoteAddr {
+        addr: mr.addr(),
+        rkey: mr.rkey() ^ 0x00ff_ff00,
+    };
+    let src = chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?;
+    p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(bad)).sge(src)])?;
+    let wcs = poll_n(&p.cq, 1)?;
+    p.a.reclaim_chunks(&wcs[0], &mut Vec::new());
+    let b_num = p.b.qp_num();
+    let limit = crate::common::deadline() / 4;
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while start.elapsed() < limit {
+        match rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
+            Ok(ev) => {
+                seen.push(ev);
+                let fatal = matches!(ev,
+                    AsyncEvent::QpFatal { qp_num } | AsyncEvent::QpReqErr { qp_num }
+                    | AsyncEvent::QpAccessErr { qp_num } if qp_num == b_num);
+                if fatal {
+                    let device = p.b.query_state()?;
+                    ensure!(
+                        p.b.state() == device,
+                        "after {ev:?} the known state of b is {:?}; the device says {device:?}",
+                        p.b.state()
+                    );
+                    return Ok(());
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    let (known, device) = (p.b.state(), p.b.query_state()?);
+    eprintln!(
+        "no fatal QP event for the responder within {limit:?} (events: {seen:?}); \
+         known state of b {known:?}, device {device:?}: the event path was not exercised"
+    );
+    let synced = p.b.resync()?;
+    ensure!(
+        synced == device && p.b.state() == device,
+        "after resync the known state of b is {:?}; the device says {device:?}",
+        p.b.state()
+    );
+    Ok(())
+}
