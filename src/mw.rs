@@ -555,6 +555,17 @@ fn check_range(region: usize, offset: usize, len: usize) -> Result<()> {
     }
 }
 
+/// Outside a batch, a bind, unbind or invalidation is posted on its own,
+/// which takes the provider's send-queue lock: refused while a leaked
+/// [`WrBatch`](crate::qp::WrBatch) holds it. (A live batch borrows the QP,
+/// so only a leaked one can leave `batch_open` set here.)
+fn not_in_leaked_batch(verb: &'static str, qp: &QueuePair) -> Result<()> {
+    if qp.pending().batch_open {
+        return Err(crate::qp::post_internal::leaked_batch(verb));
+    }
+    Ok(())
+}
+
 /// The checks a bind gets before any call (`verb` names it in errors).
 pub(crate) fn check_bind(
     verb: &'static str,
@@ -661,11 +672,6 @@ pub(crate) fn check_qp(verb: &'static str, qp: &QueuePair, mw: &MemoryWindow) ->
             "the window and the QP belong to different protection domains",
         ));
     }
-    if qp.pending().batch_open {
-        // Binds and invalidations are posted: the provider's send-queue
-        // lock, which a leaked batch holds, would be taken.
-        return Err(crate::qp::post_internal::leaked_batch(verb));
-    }
     if qp.state() != QpState::Rts {
         return Err(Error::QpState {
             verb,
@@ -697,7 +703,9 @@ impl QueuePair {
             MwType::Type1 => "ibv_bind_mw",
             MwType::Type2 => "ibv_post_send",
         };
-        check_bind(verb, self, mw, bind).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
+        not_in_leaked_batch(verb, self)
+            .and_then(|()| check_bind(verb, self, mw, bind))
+            .map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
         let qp = self.as_ptr();
         let raw_mw = mw.as_ptr();
         let info = bind.info();
@@ -755,8 +763,9 @@ impl QueuePair {
     #[doc(alias = "ibv_bind_mw")]
     pub fn unbind_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<u32, PostError> {
         const VERB: &str = "ibv_bind_mw";
-        let region =
-            check_unbind(VERB, self, mw).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
+        let region = not_in_leaked_batch(VERB, self)
+            .and_then(|()| check_unbind(VERB, self, mw))
+            .map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
         // SAFETY: the region is live: the window holds it (`bound`), and
         // from here the loan does until the request has ended.
         let addr = unsafe { (*region.as_ptr()).addr } as u64;
@@ -822,7 +831,9 @@ impl QueuePair {
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     pub fn invalidate_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_send";
-        check_invalidate(VERB, self, mw).map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
+        not_in_leaked_batch(VERB, self)
+            .and_then(|()| check_invalidate(VERB, self, mw))
+            .map_err(|e| crate::qp::post_error(e, 0, Vec::new()))?;
         let qp = self.as_ptr();
         let rkey = mw.rkey();
         let loan = mw.lend_invalidate();
@@ -1019,10 +1030,11 @@ pub(crate) mod internal {
 /// `ibv_wr_send_inv`) from QP `qp` of context `ctx` naming `rkey`.
 ///
 /// Invalidating a type 2 window that is not bound (never bound, already
-/// invalidated, or with a bind or invalidation still in flight that may run
-/// after it) crashes the kernel of Linux 6.1's rxe (`rxe_invalidate_mw`
+/// invalidated) crashes the kernel of Linux 6.1's rxe (`rxe_invalidate_mw`
 /// reaches the window's absent region). When `rkey` is exactly the key of a
-/// window of this context that is not known to be bound, and the QP's
+/// window of this context that is free, being invalidated, or of unknown
+/// state (a bind posted before, whose completion is not reclaimed yet, is
+/// taken to have run, as rxe runs it within its post), and the QP's
 /// destination is on this device (a GID of its table or its own LID, read
 /// with `ibv_query_qp` only in that case), the request is refused. A window
 /// of another context or process is not known here; neither is a
@@ -1040,7 +1052,11 @@ pub(crate) fn check_send_inv(
     let windows: Vec<Arc<MwInner>> = ctx.windows().iter().filter_map(|w| w.upgrade()).collect();
     let unbound = windows.iter().find_map(|mw| {
         let state = slot(mw).state;
-        (mw.keep().rkey.load(Ordering::Relaxed) == rkey && state != MwState::Bound).then_some(state)
+        // Binding: the bind was posted first and is the program's intent
+        // (announcing the key after posting the bind is the usual order);
+        // rxe runs a posted bind before its post call returns.
+        let unbound = !matches!(state, MwState::Bound | MwState::Binding);
+        (mw.keep().rkey.load(Ordering::Relaxed) == rkey && unbound).then_some(state)
     });
     drop(windows);
     let Some(state) = unbound else {
@@ -1053,7 +1069,7 @@ pub(crate) fn check_send_inv(
         verb,
         format!(
             "SEND_WITH_INV names rkey {rkey:#x}, a memory window of this device that is not \
-             known to be bound ({}): invalidating it would crash rxe on Linux 6.1",
+             bound ({}): invalidating it would crash rxe on Linux 6.1",
             state.describe()
         ),
     ))
