@@ -13,11 +13,11 @@ use libtest_mimic::Failed;
 #[cfg(feature = "cm")]
 use rdma_verbs::cm::{CmEventKind, EventChannel, PortSpace};
 use rdma_verbs::qp::*;
-use rdma_verbs::{AccessFlags, Error, MwBind, QpInitAttr, QpType, SharedChunk};
+use rdma_verbs::{AccessFlags, Error, MwBind, SharedChunk};
 
 #[cfg(feature = "cm")]
 use crate::common::cm_addr;
-use crate::common::{connect, Env, TestFn};
+use crate::common::{Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     ("arith::mw_bind_offset_usize_max", mw_bind_offset_max),
@@ -178,13 +178,12 @@ fn alloc_chunks_overflow(env: &Env) -> Result<(), Failed> {
 /// owned and a shared chunk, posted alone and in a batch: refused, never
 /// truncated, and the chunks come back.
 fn sge_len_refused(env: &Env) -> Result<(), Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(16)?;
-    let attr =
-        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(env, &mut a, &mut b, AccessFlags::LOCAL_WRITE)?;
+    let crate::common::Pair {
+        pd,
+        cq: _cq,
+        mut a,
+        b: _b,
+    } = crate::common::ex_rc_pair(env, AccessFlags::LOCAL_WRITE)?;
     let big = u32::MAX as usize + 1;
     for len in [usize::MAX, big, 65] {
         let chunk = pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?.remove(0);

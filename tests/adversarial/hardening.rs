@@ -149,13 +149,12 @@ fn srq_iterator_drop_reenters(env: &Env) -> Result<(), Failed> {
 /// A batch forgotten while open: the provider's send-queue lock stays
 /// held, so every later send on the QP used to spin forever.
 fn leaked_batch(env: &Env) -> Result<(), Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(64)?;
-    let attr =
-        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(env, &mut a, &mut b, AccessFlags::empty())?;
+    let crate::common::Pair {
+        pd,
+        cq: _cq,
+        mut a,
+        b: _b,
+    } = crate::common::ex_rc_pair(env, AccessFlags::empty())?;
     let mut c = chunks(&pd, 4)?;
     let mut batch = a.start_batch()?;
     batch.post(SendWr::new(1, SendOp::Send).sge(c.pop().unwrap()))?;
@@ -349,13 +348,12 @@ fn panicking_iterator(env: &Env) -> Result<(), Failed> {
 /// and failed with IBV_WC_MW_BIND_ERR; now the window says its key is
 /// unknown and refuses binds.
 fn bind_cut_short_by_reset(env: &Env) -> Result<(), Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(64)?;
-    let attr =
-        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(env, &mut a, &mut b, AccessFlags::REMOTE_WRITE)?;
+    let crate::common::Pair {
+        pd,
+        cq,
+        mut a,
+        b: _b,
+    } = crate::common::ex_rc_pair(env, AccessFlags::REMOTE_WRITE)?;
     // An RDMA write to a key nobody has: REM_ACCESS_ERR, the QP goes to ERR.
     let c = chunks(&pd, 1)?.remove(0);
     let bad = RemoteAddr {
@@ -380,7 +378,7 @@ fn bind_cut_short_by_reset(env: &Env) -> Result<(), Failed> {
     }
     let back = a.reset()?;
     ensure!(!back.is_empty(), "RESET hands back the requests");
-    let mut b2 = pd.create_qp(&attr)?;
+    let mut b2 = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq))?;
     connect(env, &mut a, &mut b2, AccessFlags::REMOTE_WRITE)?;
     match a.bind_mw(&mut mw, &bind) {
         Err(e) => {
@@ -440,13 +438,12 @@ fn forgotten_cm_event(env: &Env) -> Result<(), Failed> {
 /// bound: Linux 6.1's rxe dereferenced the window's absent region and the
 /// kernel died within a second. Refused before the call now, on both paths.
 fn send_with_inv_unbound(env: &Env) -> Result<(), Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(64)?;
-    let attr =
-        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(env, &mut a, &mut b, AccessFlags::empty())?;
+    let crate::common::Pair {
+        pd,
+        cq: _cq,
+        mut a,
+        mut b,
+    } = crate::common::ex_rc_pair(env, AccessFlags::empty())?;
     let mw = pd.alloc_mw(MwType::Type2)?;
     let mut c = chunks(&pd, 3)?;
     b.post_recv([RecvWr::new(1).sge(c.pop().unwrap())])?;

@@ -7,11 +7,11 @@
 use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
-    AccessFlags, CompletionQueue, MemoryRegion, MwBind, MwType, ProtectionDomain, QpInitAttr,
-    QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, MemoryRegion, MwBind, MwType, ProtectionDomain, QueuePair,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, poll_n, Env, TestFn};
+use crate::common::{poll_n, Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     (
@@ -38,19 +38,13 @@ struct Rig {
 }
 
 fn rig(env: &Env) -> Result<Rig, Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(64)?;
-    let attr =
-        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(
-        env,
-        &mut a,
-        &mut b,
-        AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-    )?;
-    Ok(Rig { pd, cq, a, b })
+    let p = crate::common::ex_rc_pair(env, AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE)?;
+    Ok(Rig {
+        pd: p.pd,
+        cq: p.cq,
+        a: p.a,
+        b: p.b,
+    })
 }
 
 /// A region windows may be bound to: byte `i` is `i % 251`.

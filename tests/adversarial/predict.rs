@@ -228,13 +228,12 @@ fn read_atomic_readonly(env: &Env) -> Result<(), Failed> {
 
 /// The same check on the extended batch path.
 fn batch_read_readonly(env: &Env) -> Result<(), Failed> {
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(64)?;
-    let attr =
-        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(env, &mut a, &mut b, AccessFlags::REMOTE_READ)?;
+    let crate::common::Pair {
+        pd,
+        cq,
+        mut a,
+        b: _b,
+    } = crate::common::ex_rc_pair(env, AccessFlags::REMOTE_READ)?;
     let mr = remote_region(&pd, 64)?;
     let remote = RemoteAddr {
         addr: mr.addr(),

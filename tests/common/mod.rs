@@ -163,6 +163,21 @@ pub fn pair(
     Ok(Pair { pd, cq, a, b })
 }
 
+/// Two RC QPs made for every RC operation of the `ibv_wr_*` API
+/// (`send_ops`), connected to each other (RTS), sharing one CQ of 64.
+pub fn ex_rc_pair(env: &Env, access: rdma_verbs::AccessFlags) -> Result<Pair, Failed> {
+    use rdma_verbs::qp::SendOpsFlags;
+    use rdma_verbs::{QpInitAttr, QpType};
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let attr =
+        QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::for_transport(QpType::Rc));
+    let mut a = pd.create_qp(&attr)?;
+    let mut b = pd.create_qp(&attr)?;
+    connect(env, &mut a, &mut b, access)?;
+    Ok(Pair { pd, cq, a, b })
+}
+
 /// Takes two fresh QPs to RTS, connected to each other.
 pub fn connect(
     env: &Env,
