@@ -177,3 +177,264 @@ fn state_is_never_listed_and_cap_is_in_no_entry() {
 fn driver_qps_have_no_table() {
     assert!(transition_rule(QpType::Driver, QpState::Reset, QpState::Init).is_none());
 }
+
+// ---------------------------------------------------------------------------
+// Property tests (proptest, with shrinking): `check_transition` on random
+// QP types, states and attribute masks against the table above.
+// ---------------------------------------------------------------------------
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use rdma_verbs::qp::{
+        check_transition, AckTimeout, AddressVector, AltPath, MinRnrTimer, ModifyError,
+        PathMigState, Psn, QKey, QpAttr, QpNum, RateLimit, RetryCount, RnrRetry,
+    };
+    use rdma_verbs::{AccessFlags, Mtu, QpCaps};
+    use std::sync::OnceLock;
+
+    /// One row of the kernel table: (from, to, type, required, optional).
+    type Row = (QpState, QpState, QpType, QpAttrMask, QpAttrMask);
+
+    /// The kernel table, read once.
+    fn table() -> &'static [Row] {
+        static T: OnceLock<Vec<Row>> = OnceLock::new();
+        T.get_or_init(expected)
+    }
+
+    /// (required, optional) of the kernel table, `None`: no such
+    /// transition (every pair of a `Driver` QP, or with `Unknown`).
+    fn kernel_rule(t: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+        table()
+            .iter()
+            .find(|e| e.0 == from && e.1 == to && e.2 == t)
+            .map(|e| (e.3, e.4))
+    }
+
+    /// A `QpAttr` carrying exactly `mask`, through the public setters;
+    /// `cur` is the value of `IBV_QP_CUR_STATE` if the mask has it.
+    fn attr_with(mask: QpAttrMask, to: QpState, cur: QpState) -> QpAttr {
+        let mut a = QpAttr::new();
+        for (_, flag) in mask.iter_names() {
+            a = match flag {
+                QpAttrMask::STATE => a.state(to),
+                QpAttrMask::CUR_STATE => a.cur_state(cur),
+                QpAttrMask::EN_SQD_ASYNC_NOTIFY => a.en_sqd_async_notify(true),
+                QpAttrMask::ACCESS_FLAGS => a.access_flags(AccessFlags::REMOTE_WRITE),
+                QpAttrMask::PKEY_INDEX => a.pkey_index(0),
+                QpAttrMask::PORT => a.port(1),
+                QpAttrMask::QKEY => a.qkey(QKey(0x11)),
+                QpAttrMask::AV => a.av(AddressVector::new(1)),
+                QpAttrMask::PATH_MTU => a.path_mtu(Mtu::Mtu1024),
+                QpAttrMask::TIMEOUT => a.timeout(AckTimeout::new(14).unwrap()),
+                QpAttrMask::RETRY_CNT => a.retry_cnt(RetryCount::new(7).unwrap()),
+                QpAttrMask::RNR_RETRY => a.rnr_retry(RnrRetry::INFINITE),
+                QpAttrMask::RQ_PSN => a.rq_psn(Psn::new(1).unwrap()),
+                QpAttrMask::MAX_QP_RD_ATOMIC => a.max_rd_atomic(1),
+                QpAttrMask::ALT_PATH => a.alt_path(AltPath {
+                    av: AddressVector::new(1),
+                    pkey_index: 0,
+                    port: 1,
+                    timeout: AckTimeout::new(14).unwrap(),
+                }),
+                QpAttrMask::MIN_RNR_TIMER => a.min_rnr_timer(MinRnrTimer::new(12).unwrap()),
+                QpAttrMask::SQ_PSN => a.sq_psn(Psn::new(1).unwrap()),
+                QpAttrMask::MAX_DEST_RD_ATOMIC => a.max_dest_rd_atomic(1),
+                QpAttrMask::PATH_MIG_STATE => a.path_mig_state(PathMigState::Armed),
+                QpAttrMask::CAP => a.cap(QpCaps::default()),
+                QpAttrMask::DEST_QPN => a.dest_qpn(QpNum::new(0x12).unwrap()),
+                QpAttrMask::RATE_LIMIT => a.rate_limit(RateLimit(10)),
+                other => panic!("no setter for {other}"),
+            };
+        }
+        assert_eq!(a.mask(), mask, "the setters set other bits");
+        a
+    }
+
+    /// The verdict `check_transition` must give, from the kernel table
+    /// and the documented extra rules (CUR_STATE must name the known state;
+    /// no state is Unknown; an attribute-only modify is `from -> from`;
+    /// AV outside INIT->RTR brings PORT with it).
+    fn model(
+        t: QpType,
+        from: QpState,
+        mask: QpAttrMask,
+        to: QpState,
+        cur: QpState,
+    ) -> Result<QpState, ModifyError> {
+        if mask.contains(QpAttrMask::CUR_STATE) && cur != from {
+            return Err(ModifyError::CurStateMismatch {
+                known: from,
+                given: cur,
+            });
+        }
+        let state_given = mask.contains(QpAttrMask::STATE);
+        let to = if state_given { to } else { from };
+        let illegal = ModifyError::IllegalTransition {
+            qp_type: t,
+            from,
+            to,
+        };
+        if from == QpState::Unknown || to == QpState::Unknown {
+            return Err(illegal);
+        }
+        let rule = kernel_rule(t, from, to);
+        let av_port = |m: QpAttrMask, init_rtr: bool| {
+            if m.contains(QpAttrMask::AV) && !init_rtr {
+                m | QpAttrMask::PORT
+            } else {
+                m
+            }
+        };
+        if !state_given {
+            let Some((req, opt)) = rule else {
+                return Err(ModifyError::AttributeOnly {
+                    qp_type: t,
+                    state: from,
+                    forbidden: mask,
+                    allowed: None,
+                });
+            };
+            let forbidden = av_port(mask, false) - req - opt;
+            return if forbidden.is_empty() {
+                Ok(from)
+            } else {
+                Err(ModifyError::AttributeOnly {
+                    qp_type: t,
+                    state: from,
+                    forbidden,
+                    allowed: Some(req | opt),
+                })
+            };
+        }
+        let (req, opt) = rule.ok_or(illegal)?;
+        let init_rtr = from == QpState::Init && to == QpState::Rtr;
+        let given = mask - QpAttrMask::STATE;
+        let eff = av_port(given, init_rtr);
+        // required ⊆ mask ⊆ required ∪ optional ∪ STATE
+        let missing = req - eff;
+        let forbidden = eff - req - opt;
+        if missing.is_empty() && forbidden.is_empty() {
+            return Ok(to);
+        }
+        Err(ModifyError::Attributes {
+            qp_type: t,
+            from,
+            to,
+            missing,
+            forbidden,
+            port_implied_by_av: eff != given && forbidden.contains(QpAttrMask::PORT),
+        })
+    }
+
+    fn flags() -> Vec<QpAttrMask> {
+        QpAttrMask::all().iter().collect()
+    }
+
+    /// A mask as a set of bits, each chosen with probability `p`; shrinks
+    /// by dropping bits.
+    fn bits(p: f64) -> impl Strategy<Value = QpAttrMask> {
+        proptest::collection::vec(proptest::bool::weighted(p), flags().len()).prop_map(|v| {
+            flags()
+                .into_iter()
+                .zip(v)
+                .filter(|(_, on)| *on)
+                .fold(QpAttrMask::empty(), |m, (f, _)| m | f)
+        })
+    }
+
+    fn qp_type() -> impl Strategy<Value = QpType> {
+        proptest::sample::select(QpType::ALL.to_vec())
+    }
+
+    fn state() -> impl Strategy<Value = QpState> {
+        proptest::sample::select(QpState::ALL.to_vec())
+    }
+
+    /// A modify near a legal one, so that both verdicts come up often:
+    /// each required bit of the (type, from, to) rule kept with
+    /// probability 0.9, each optional bit with 0.5, and every other bit
+    /// with 0.05; STATE with 0.9, CUR_STATE naming `from` with 0.8.
+    fn near_legal() -> impl Strategy<Value = (QpType, QpState, QpState, QpAttrMask, QpState)> {
+        (
+            qp_type(),
+            state(),
+            state(),
+            bits(0.9),
+            bits(0.5),
+            bits(0.05),
+            proptest::bool::weighted(0.9),
+            proptest::option::weighted(0.2, state()),
+        )
+            .prop_map(
+                |(t, from, to, keep_req, keep_opt, noise, state_given, cur)| {
+                    let (req, opt) = kernel_rule(t, from, if state_given { to } else { from })
+                        .unwrap_or_default();
+                    let mut mask = (req & keep_req) | (opt & keep_opt) | noise;
+                    mask.set(QpAttrMask::STATE, state_given);
+                    (t, from, to, mask, cur.unwrap_or(from))
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        /// For every QP type, state pair and mask, `check_transition` gives
+        /// the model's verdict, error included.
+        #[test]
+        fn check_transition_follows_the_kernel_table(
+            (t, from, to, mask, cur) in near_legal()
+        ) {
+            let attr = attr_with(mask, to, cur);
+            prop_assert_eq!(
+                check_transition(t, from, &attr),
+                model(t, from, mask, to, cur),
+                "{:?} {:?}->{:?} mask {}", t, from, to, mask
+            );
+        }
+
+        /// Any mask at all (each bit with probability one half).
+        #[test]
+        fn check_transition_on_arbitrary_masks(
+            t in qp_type(), from in state(), to in state(), mask in bits(0.5), cur in state()
+        ) {
+            let attr = attr_with(mask, to, cur);
+            prop_assert_eq!(
+                check_transition(t, from, &attr),
+                model(t, from, mask, to, cur),
+                "{:?} {:?}->{:?} mask {}", t, from, to, mask
+            );
+        }
+
+        /// A legal modify stays legal when an optional attribute is added,
+        /// and becomes illegal when a required one is dropped.
+        #[test]
+        fn optional_bits_are_optional_and_required_bits_required(
+            t in qp_type(), from in state(), to in state(),
+            opt_subset in bits(0.5), drop in 0usize..32
+        ) {
+            let Some((req, opt)) = kernel_rule(t, from, to) else {
+                return Ok(());
+            };
+            let init_rtr = from == QpState::Init && to == QpState::Rtr;
+            // AV outside INIT->RTR needs PORT to be allowed as well.
+            let mut extra = opt & opt_subset;
+            if !init_rtr && !(req | opt).contains(QpAttrMask::PORT) {
+                extra -= QpAttrMask::AV;
+            }
+            let ok = QpAttrMask::STATE | req | extra;
+            prop_assert_eq!(check_transition(t, from, &attr_with(ok, to, from)), Ok(to));
+            let reqs: Vec<QpAttrMask> = req.iter().collect();
+            if !reqs.is_empty() {
+                let gone = reqs[drop % reqs.len()];
+                let e = check_transition(t, from, &attr_with(ok - gone, to, from));
+                let missing_named = matches!(
+                    &e,
+                    Err(ModifyError::Attributes { missing, .. }) if missing.contains(gone)
+                );
+                prop_assert!(missing_named, "dropping {} gave {:?}", gone, e);
+            }
+        }
+    }
+}

@@ -312,6 +312,9 @@ impl<T> Ledger<T> {
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;

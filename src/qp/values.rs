@@ -536,4 +536,124 @@ mod tests {
             assert_eq!(PathMigState::from_raw(s.as_raw()), Some(*s));
         }
     }
+
+    /// Property tests (proptest, with shrinking): every range-checked
+    /// constructor accepts exactly its domain, keeps the value, and names
+    /// the value it refuses.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn refused(e: Error, name: &str, v: u64) -> bool {
+            matches!(e, Error::OutOfRange { what, value, .. } if what == name && value == v)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+
+            #[test]
+            fn psn_and_qp_num_are_24_bits(x in any::<u32>()) {
+                let fits = x <= 0xff_ffff;
+                match Psn::new(x) {
+                    Ok(p) => prop_assert!(fits && p.get() == x),
+                    Err(e) => prop_assert!(!fits && refused(e, "PSN", x.into())),
+                }
+                match QpNum::new(x) {
+                    Ok(q) => prop_assert!(fits && q.get() == x),
+                    Err(e) => prop_assert!(!fits && refused(e, "QP number", x.into())),
+                }
+                let t = Psn::truncate(x);
+                prop_assert_eq!(t.get(), x & 0xff_ffff);
+                prop_assert_eq!(Psn::new(t.get()).ok(), Some(t));
+            }
+
+            #[test]
+            fn small_codes_accept_exactly_their_range(x in any::<u8>()) {
+                match AckTimeout::new(x) {
+                    Ok(t) => {
+                        prop_assert!(x <= 31 && t.get() == x);
+                        let want = (x != 0).then(|| Duration::from_nanos(4096u64 << x));
+                        prop_assert_eq!(t.duration(), want);
+                    }
+                    Err(e) => prop_assert!(x > 31 && refused(e, "ACK timeout", x.into())),
+                }
+                match RetryCount::new(x) {
+                    Ok(c) => prop_assert!(x <= 7 && c.get() == x),
+                    Err(e) => prop_assert!(x > 7 && refused(e, "retry count", x.into())),
+                }
+                match RnrRetry::new(x) {
+                    Ok(c) => prop_assert!(x <= 7 && c.get() == x && c.is_infinite() == (x == 7)),
+                    Err(e) => prop_assert!(x > 7 && refused(e, "RNR retry count", x.into())),
+                }
+                match MinRnrTimer::new(x) {
+                    Ok(t) => {
+                        prop_assert!(x <= 31 && t.get() == x);
+                        prop_assert_eq!(t.duration(), Duration::from_micros(RNR_TIMER_US[x as usize].into()));
+                    }
+                    Err(e) => prop_assert!(x > 31 && refused(e, "min RNR timer", x.into())),
+                }
+                match AddressVector::new(1).sl(x) {
+                    Ok(av) => prop_assert!(x <= 15 && av.service_level() == x),
+                    Err(e) => prop_assert!(x > 15 && refused(e, "service level", x.into())),
+                }
+            }
+
+            #[test]
+            fn flow_label_is_20_bits(x in any::<u32>()) {
+                match GlobalRoute::new(Gid::ZERO, 0).flow_label(x) {
+                    Ok(g) => prop_assert!(x <= 0xf_ffff && g.flow_label == x),
+                    Err(e) => prop_assert!(x > 0xf_ffff && refused(e, "flow label", x.into())),
+                }
+            }
+
+            /// `at_least(d)` is the shortest code lasting at least `d`
+            /// (code 0, the longest, past 491.52 ms), for whole
+            /// microseconds. (Not for a fraction of one: see
+            /// `min_rnr_timer_at_least_with_nanoseconds`.)
+            #[test]
+            fn min_rnr_timer_at_least_is_the_shortest_long_enough_code(us in 0u64..1_000_000) {
+                let d = Duration::from_micros(us);
+                let c = MinRnrTimer::at_least(d);
+                if c.get() == 0 {
+                    prop_assert!(us > 491_520);
+                } else {
+                    prop_assert!(c.duration() >= d);
+                    let shorter = (1..c.get()).any(|k| MinRnrTimer(k).duration() >= d);
+                    prop_assert!(!shorter, "code {} is not the shortest for {:?}", c.get(), d);
+                }
+            }
+
+            #[test]
+            fn address_vectors_round_trip_through_c(
+                port in any::<u8>(), dlid in any::<u16>(), sl in 0u8..=15, bits in any::<u8>(),
+                rate in any::<u8>(), grh in proptest::option::of((any::<[u8; 16]>(), any::<u8>(),
+                    0u32..=0xf_ffff, any::<u8>(), any::<u8>()))
+            ) {
+                let mut av = AddressVector::new(port).dlid(dlid).sl(sl).unwrap()
+                    .src_path_bits(bits).static_rate(rate);
+                if let Some((gid, idx, fl, hops, tc)) = grh {
+                    let g = GlobalRoute::new(std::net::Ipv6Addr::from(gid).into(), idx)
+                        .flow_label(fl).unwrap().hop_limit(hops).traffic_class(tc);
+                    av = av.global(g);
+                }
+                prop_assert_eq!(AddressVector::from_raw(&av.to_raw()), av);
+            }
+        }
+
+        /// Finding (ignored until `at_least` rounds up): it reads `d` in
+        /// whole microseconds (`as_micros` truncates), so a duration a
+        /// fraction of a microsecond past a code's gets that code, which
+        /// is shorter than asked for. Random durations almost never land
+        /// there, so this draws them just past each code's duration.
+        #[test]
+        #[ignore = "finding: MinRnrTimer::at_least truncates sub-microsecond durations"]
+        fn min_rnr_timer_at_least_with_nanoseconds() {
+            proptest!(|(code in 1usize..32, extra_ns in 0u64..1000)| {
+                let d = Duration::from_micros(RNR_TIMER_US[code].into())
+                    + Duration::from_nanos(extra_ns);
+                let c = MinRnrTimer::at_least(d);
+                prop_assert!(c.get() == 0 || c.duration() >= d, "{:?} -> code {}", d, c.get());
+            });
+        }
+    }
 }
