@@ -222,10 +222,12 @@ fn find_long<'a>(argv0: &str, defs: &'a [OptDef], name: &str) -> Result<&'a OptD
 }
 
 /// A number as `strtol(s, NULL, 0)` reads it (`0x` hex, leading `0` octal,
-/// else decimal; leading blanks and a sign allowed), except that text that is
-/// not entirely a number is refused rather than read as far as it goes.
+/// else decimal; leading blanks and one sign allowed), except that text that
+/// is not entirely a number is refused rather than read as far as it goes,
+/// and so is a number outside `long` (where `strtol` says `ERANGE`).
 pub fn parse_c_int(s: &str) -> Option<i64> {
-    let t = s.trim_start();
+    // strtol's blanks are C's isspace: the ASCII ones only.
+    let t = s.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
     let (neg, t) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
         Some(b'+') => (false, &t[1..]),
@@ -238,11 +240,16 @@ pub fn parse_c_int(s: &str) -> Option<i64> {
     } else {
         (10, t)
     };
-    if digits.is_empty() {
+    // Digits only: `from_str_radix` would take a second sign ("--5", "0-5").
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
         return None;
     }
-    let v = i64::from_str_radix(digits, radix).ok()?;
-    Some(if neg { -v } else { v })
+    let v = u64::from_str_radix(digits, radix).ok()?;
+    if neg {
+        0i64.checked_sub_unsigned(v)
+    } else {
+        i64::try_from(v).ok()
+    }
 }
 
 /// `pp_mtu_to_enum`: 256, 512, 1024, 2048 or 4096 bytes.
@@ -1309,6 +1316,12 @@ mod tests {
         assert_eq!(parse_c_int("0"), Some(0));
         assert_eq!(parse_c_int("-1"), Some(-1));
         assert_eq!(parse_c_int("1k"), None);
+        // A second sign is no number for strtol (it read 5 or -5 here).
+        for s in ["--5", "+-5", "0x-5", "0-5", "-+5", "0x+5"] {
+            assert_eq!(parse_c_int(s), None, "{s:?}");
+        }
+        assert_eq!(parse_c_int("-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_c_int("9223372036854775808"), None);
     }
 
     #[test]

@@ -219,9 +219,11 @@ impl<T> Ledger<T> {
         Ok(self.kind.tag(stamp))
     }
 
-    /// Takes back the request `tag` names if it is the most recent one
-    /// inserted and still outstanding: undoes an [`insert`](Self::insert)
-    /// of a request that never reached the device.
+    /// Takes back the request `tag` names if it is still outstanding (on a
+    /// send queue: only if it is also the most recent one inserted, which
+    /// keeps the post order of the rest): undoes an
+    /// [`insert`](Self::insert) of a request that never reached the
+    /// device. Callers undo a call's requests newest first.
     pub(crate) fn undo_last(&mut self, tag: u64) -> Option<T> {
         self.undo_last_entry(tag).map(|(_, payload)| payload)
     }
