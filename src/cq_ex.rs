@@ -720,20 +720,21 @@ impl<F: FieldSet> CompletionQueueEx<F> {
             return Err(leaked_poll());
         }
         let mut attr = sys::ibv_poll_cq_attr { comp_mask: 0 };
-        // SAFETY: a live extended CQ whose start_poll the provider set
-        // (checked in `build`); `attr` asks for nothing; no batch is open
-        // (a live `CqPoll` borrows `self` mutably until it has ended its
-        // batch; a leaked one left `open` set, which refused above).
+        // A live extended CQ whose start_poll the provider set (checked in
+        // `build`); `attr` asks for nothing; no batch is open (a live
+        // `CqPoll` borrows `self` mutably until it has ended its batch; a
+        // leaked one left `open` set, which refused above).
+        // SAFETY: see above.
         let rc = unsafe { sys::ibv_start_poll(self.raw.as_ptr(), &mut attr) };
         match poll_errno(rc) {
-            None => Ok(Some(CqPoll {
-                cq: {
-                    self.open = true;
-                    self
-                },
-                state: Batch::First,
-                _not_send: PhantomData,
-            })),
+            None => {
+                self.open = true;
+                Ok(Some(CqPoll {
+                    cq: self,
+                    state: Batch::First,
+                    _not_send: PhantomData,
+                }))
+            }
             Some(libc::ENOENT) => Ok(None),
             Some(errno) => Err(Error::Verb {
                 verb: "ibv_start_poll",
