@@ -324,10 +324,13 @@ fn check_known_err(qp: &mut QueuePair, what: &str) -> Result<(), Failed> {
     }
 }
 
-/// An RDMA WRITE to an rkey the peer never gave: the sender's completion is
-/// an error (the device moved the QP to ERR), and reclaiming it records ERR.
-fn error_completion_err(env: &Env) -> Result<(), Failed> {
-    let mut p = pair(
+/// Two connected RC QPs, the peer's region (kept alive) and an address in
+/// it under an rkey the peer never gave: an RDMA WRITE there fails with a
+/// remote access error, which moves both QPs to ERR on the device.
+fn pair_with_a_bad_rkey(
+    env: &Env,
+) -> Result<(crate::common::Pair, rdma_verbs::MemoryRegion, RemoteAddr), Failed> {
+    let p = pair(
         env,
         QpType::Rc,
         QpCaps::default(),
@@ -338,6 +341,13 @@ fn error_completion_err(env: &Env) -> Result<(), Failed> {
         addr: mr.addr(),
         rkey: mr.rkey() ^ 0x00ff_ff00,
     };
+    Ok((p, mr, bad))
+}
+
+/// An RDMA WRITE to an rkey the peer never gave: the sender's completion is
+/// an error (the device moved the QP to ERR), and reclaiming it records ERR.
+fn error_completion_err(env: &Env) -> Result<(), Failed> {
+    let (mut p, _mr, bad) = pair_with_a_bad_rkey(env)?;
     let src = chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?;
     p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(bad)).sge(src)])?;
     let wcs = poll_n(&p.cq, 1)?;
@@ -354,17 +364,7 @@ fn error_completion_err(env: &Env) -> Result<(), Failed> {
 /// A failing write with a send behind it: reclaiming only the flushed
 /// send's completion (which ends both) records ERR too.
 fn flush_completion_err(env: &Env) -> Result<(), Failed> {
-    let mut p = pair(
-        env,
-        QpType::Rc,
-        QpCaps::default(),
-        AccessFlags::REMOTE_WRITE,
-    )?;
-    let mr = remote_region(&p.pd, 64)?;
-    let bad = RemoteAddr {
-        addr: mr.addr(),
-        rkey: mr.rkey() ^ 0x00ff_ff00,
-    };
+    let (mut p, _mr, bad) = pair_with_a_bad_rkey(env)?;
     p.a.post_send([
         SendWr::new(1, SendOp::RdmaWrite(bad)).sge(chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?),
         SendWr::new(2, SendOp::Send).sge(chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?),
@@ -390,12 +390,7 @@ fn flush_completion_err(env: &Env) -> Result<(), Failed> {
 /// none (measured), and then the known state catches up at `resync`, as
 /// `QueuePair::state` documents.
 fn fatal_event(env: &Env) -> Result<(), Failed> {
-    let mut p = pair(
-        env,
-        QpType::Rc,
-        QpCaps::default(),
-        AccessFlags::REMOTE_WRITE,
-    )?;
+    let (mut p, _mr, bad) = pair_with_a_bad_rkey(env)?;
     let ctx = env.ctx.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     // Blocks in ibv_get_async_event; left behind if no event comes.
@@ -406,11 +401,6 @@ fn fatal_event(env: &Env) -> Result<(), Failed> {
             }
         }
     });
-    let mr = remote_region(&p.pd, 64)?;
-    let bad = RemoteAddr {
-        addr: mr.addr(),
-        rkey: mr.rkey() ^ 0x00ff_ff00,
-    };
     let src = chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?;
     p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(bad)).sge(src)])?;
     let wcs = poll_n(&p.cq, 1)?;
