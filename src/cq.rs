@@ -391,13 +391,30 @@ impl WorkCompletion {
 
     /// The `wr_id` of the work request this completes, as the device saw it.
     ///
-    /// For requests posted through the safe API this is the crate's own
-    /// number for the request; the caller's `wr_id` comes back in
-    /// [`Completed::wr_id`](crate::qp::Completed::wr_id) from
-    /// [`QueuePair::reclaim`](crate::QueuePair::reclaim).
+    /// For requests posted through the safe API this is the crate's tag
+    /// for the request, not the caller's number: the caller's `wr_id` comes
+    /// back in [`Completed::wr_id`](crate::qp::Completed::wr_id) from
+    /// [`QueuePair::reclaim_one`](crate::QueuePair::reclaim_one) (or
+    /// [`reclaim`](crate::QueuePair::reclaim)), and
+    /// [`request_kind`](Self::request_kind) says which queue the request
+    /// was posted to. For requests of the raw path it is the caller's own.
     #[inline]
     pub fn wr_id(&self) -> u64 {
         self.0.wr_id
+    }
+
+    /// Which queue the completed request was posted to (a send queue, a
+    /// QP's receive queue, an SRQ), from the tag of a safe-path request:
+    /// known for failed and flushed completions too, whose opcode is not.
+    /// `None` for a raw-path request's `wr_id`.
+    ///
+    /// ```
+    /// let wc = rdma_verbs::WorkCompletion::default();
+    /// assert_eq!(wc.request_kind(), None);
+    /// ```
+    #[inline]
+    pub fn request_kind(&self) -> Option<crate::qp::RequestKind> {
+        crate::qp::RequestKind::of_tag(self.0.wr_id)
     }
 
     /// The status; `Err(raw)` for a status this crate does not know.
@@ -412,10 +429,14 @@ impl WorkCompletion {
         self.0.status == sys::ibv_wc_status::IBV_WC_SUCCESS
     }
 
-    /// The operation; only meaningful when the status is success (the C
-    /// field is undefined otherwise). `Err(raw)` for an unknown opcode.
+    /// The operation. `Err(raw)` for a failed or flushed completion (the
+    /// C field is undefined then: what kind of request it was comes from
+    /// [`request_kind`](Self::request_kind)) and for an unknown opcode.
     #[inline]
     pub fn opcode(&self) -> Result<WcOpcode, u32> {
+        if !self.is_success() {
+            return Err(self.0.opcode);
+        }
         WcOpcode::from_raw(self.0.opcode).ok_or(self.0.opcode)
     }
 
@@ -509,8 +530,13 @@ impl WorkCompletion {
 impl fmt::Debug for WorkCompletion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("WorkCompletion");
-        d.field("wr_id", &self.wr_id())
-            .field("status", &self.status());
+        match self.request_kind() {
+            Some(kind) => d
+                .field("request", &kind)
+                .field("tag", &format_args!("{:#x}", self.wr_id())),
+            None => d.field("wr_id", &self.wr_id()),
+        };
+        d.field("status", &self.status());
         if self.is_success() {
             d.field("opcode", &self.opcode());
         }
@@ -553,6 +579,28 @@ mod tests {
         assert_eq!(w.imm_data(), Some(0x1234_5678));
         assert_eq!(w.invalidated_rkey(), None);
         assert_eq!(w.src_qp(), 0x11);
+    }
+
+    #[test]
+    fn a_failed_completion_has_no_opcode_but_its_request_kind() {
+        // A flushed receive of the safe path: the device left the opcode
+        // field as zero, which reads as SEND.
+        let w = wc(|r| {
+            r.wr_id = (2 << 62) | 0x1_0005;
+            r.status = sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+            r.opcode = sys::ibv_wc_opcode::IBV_WC_SEND;
+        });
+        assert_eq!(w.opcode(), Err(sys::ibv_wc_opcode::IBV_WC_SEND));
+        assert_eq!(w.request_kind(), Some(crate::qp::RequestKind::Recv));
+        let shown = format!("{w:?}");
+        assert!(
+            shown.contains("request: Recv") && !shown.contains("opcode"),
+            "{shown}"
+        );
+        // A raw-path wr_id is the caller's, shown as such.
+        let raw = wc(|r| r.wr_id = 42);
+        assert_eq!(raw.request_kind(), None);
+        assert!(format!("{raw:?}").contains("wr_id: 42"));
     }
 
     #[test]

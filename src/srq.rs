@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::pd::ProtectionDomain;
-use crate::qp::post_internal::{post_recv_chain, Chunks, Kind, Ledger};
+use crate::qp::post_internal::{post_recv_chain, Kind, Ledger, Loan, RecvFacts, Scratch};
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
 
@@ -28,14 +28,9 @@ impl RawObject for sys::ibv_srq {
 /// module docs): a completion is accepted once, and only with a stamp this
 /// SRQ issued; and scratch space for building chains.
 struct SrqPending {
-    ledger: Ledger<Chunks>,
-    recv_wrs: Vec<sys::ibv_recv_wr>,
-    sges: Vec<sys::ibv_sge>,
+    ledger: Ledger<Loan>,
+    scratch: Scratch<sys::ibv_recv_wr>,
 }
-
-// SAFETY: the scratch vectors' raw pointers are only meaningful during one
-// post, made under the mutex; the rest is `Send`.
-unsafe impl Send for SrqPending {}
 
 struct SrqKeep {
     pd: ProtectionDomain,
@@ -122,14 +117,13 @@ impl SharedReceiveQueue {
         let max_sge = attr.attr.max_sge.max(max_sge);
         // Room for chains of up to CHAIN_ROOM receives: no post of one
         // allocates, the first included.
-        let (wrs, sges) = crate::qp::post_internal::chain_room(slots as u32, max_sge);
+        let wrs = crate::qp::post_internal::chain_room(slots as u32);
         let keep = SrqKeep {
             pd: pd.clone(),
             max_sge,
             pending: Mutex::new(SrqPending {
                 ledger: Ledger::new(Kind::Srq, slots),
-                recv_wrs: Vec::with_capacity(wrs),
-                sges: Vec::with_capacity(sges),
+                scratch: Scratch::new(wrs),
             }),
             staging: Mutex::new(Vec::with_capacity(wrs)),
             outstanding: AtomicUsize::new(0),
@@ -205,20 +199,21 @@ impl SharedReceiveQueue {
             return Ok(());
         }
         let srq = self.as_ptr();
+        let facts = RecvFacts {
+            pd: keep.pd.as_ptr(),
+            max_sge: keep.max_sge,
+            // No GRH floor: the SRQ cannot tell which QPs its receives serve.
+            floor: 0,
+        };
         let result = {
             let mut p = self.pending();
             let p = &mut *p;
             let r = post_recv_chain(
                 VERB,
                 &mut p.ledger,
-                &mut p.recv_wrs,
-                &mut p.sges,
+                &mut p.scratch,
+                &facts,
                 staged.drain(..),
-                None,
-                keep.max_sge as usize,
-                keep.pd.as_ptr(),
-                // No GRH floor: the SRQ cannot tell which QPs its receives serve.
-                0,
                 |n, room, _| {
                     Error::invalid(
                         VERB,
@@ -281,11 +276,7 @@ impl SharedReceiveQueue {
         };
         // `f` runs outside the lock, so it may post to this SRQ again.
         if let Some(r) = released {
-            f(Completed {
-                wr_id: r.wr_id,
-                signaled: r.own,
-                chunks: r.payload,
-            });
+            f(Completed::new(r.wr_id, r.own, Kind::Srq, r.payload));
         }
         n
     }
@@ -304,13 +295,8 @@ impl SharedReceiveQueue {
         let keep = owned.into_keep()?;
         let mut p = keep.pending.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
-        p.ledger.drain(|r| {
-            out.push(Completed {
-                wr_id: r.wr_id,
-                signaled: false,
-                chunks: r.payload,
-            })
-        });
+        p.ledger
+            .drain(|r| out.push(Completed::new(r.wr_id, false, Kind::Srq, r.payload)));
         Ok(out)
     }
 

@@ -1,8 +1,12 @@
 //! Extended queue pairs (`ibv_create_qp_ex`) and the `ibv_wr_*` batch: see [`WrBatch`].
 use std::ptr::NonNull;
 
-use super::post::{fail, give_owned, send_queue_full, SendCheck, SendOp, SendWr, MAX_SGE};
-use super::{Completed, PostError, QpInitAttr, QpType, QueuePair};
+use super::check::SendFacts;
+use super::completed::Completed;
+use super::entries::Loan;
+use super::post::{fail, send_queue_full};
+use super::request::{SendOp, SendWr, MAX_SGE};
+use super::{PostError, QpInitAttr, QpType, QueuePair};
 use crate::device_attr::{AtomicCap, DeviceCapFlags};
 use crate::error::{check_ptr, Error, Result};
 use crate::mw::internal as mw;
@@ -248,8 +252,6 @@ pub(crate) fn create_ex_with(
     let ex = unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) };
     let ptr = NonNull::new(ex)
         .ok_or_else(|| Error::invalid(verb, "the provider gave a QP without its ibv_qp_ex"))?;
-    let max = qp.caps().max_send_wr as usize;
-    qp.pending_mut().reserve_batch(max);
     qp.ex = Some(QpEx {
         ptr,
         ops,
@@ -295,9 +297,9 @@ impl QueuePair {
         if let Some(e) = self.send_refusal(VERB) {
             return Err(e);
         }
-        let checks = SendCheck::of(self);
+        let checks = self.pending().facts;
         let p = self.pending_mut();
-        p.batch.clear();
+        p.batch = 0;
         p.batch_open = true;
         // SAFETY: a live extended QP; no batch is open on it (a live batch
         // borrows the QP mutably; a leaked one left `batch_open` set, which
@@ -385,7 +387,7 @@ impl QueuePair {
 pub struct WrBatch<'q> {
     qp: &'q mut QueuePair,
     ex: QpEx,
-    checks: SendCheck,
+    checks: SendFacts,
     open: bool,
 }
 
@@ -393,7 +395,7 @@ impl WrBatch<'_> {
     /// How many requests the batch holds so far.
     #[inline]
     pub fn len(&self) -> usize {
-        self.qp.pending().batch.len()
+        self.qp.pending().batch
     }
 
     /// Whether the batch holds no request yet.
@@ -446,7 +448,7 @@ impl WrBatch<'_> {
     #[doc(alias = "ibv_wr_rdma_write")]
     #[doc(alias = "ibv_wr_rdma_read")]
     #[doc(alias = "ibv_wr_set_sge_list")]
-    pub fn post(&mut self, mut wr: SendWr<'_>) -> Result<(), PostError> {
+    pub fn post(&mut self, wr: SendWr<'_>) -> Result<(), PostError> {
         const VERB: &str = "ibv_wr_post";
         let refused = self
             .checks
@@ -462,29 +464,33 @@ impl WrBatch<'_> {
             .and_then(|()| self.check_room(VERB));
         if let Err(e) = refused {
             let mut back = Vec::new();
-            wr.sges.drain_into(&mut back);
+            wr.data.give_back(&mut back);
             return Err(fail(e, 0, back));
         }
         // The raw entries, on the stack; the provider copies them into the
         // request during the setter call.
         let mut sge = [sys::ibv_sge::default(); MAX_SGE];
-        let mut n = 0;
-        for (s, raw) in sge.iter_mut().zip(wr.sges.raw_entries()) {
-            *s = raw;
-            n += 1;
-        }
-        let inline = wr.inline;
+        let n = wr.data.fill(&mut sge);
+        let inline = wr.inline_data();
         let ud = wr
             .ud
             .as_ref()
             .map(|(ah, qpn, qkey)| (ah.as_ptr(), qpn.get(), qkey.0));
         let (op, flags, wr_id) = (wr.op, wr.flags, wr.wr_id);
-        let loan = wr.lend();
-        let tag = match self.qp.pending_mut().send.insert(wr_id, loan) {
+        let SendWr { data, ud: dest, .. } = wr;
+        let loan = data.into_loan();
+        let p = self.qp.pending_mut();
+        let inserted = match dest {
+            None => p.send.insert(wr_id, loan),
+            Some((ah, _, _)) => p
+                .insert_side(wr_id, (loan, Some(ah), None))
+                .map_err(|l| l.0),
+        };
+        let tag = match inserted {
             Ok(tag) => tag,
             Err(loan) => {
                 let mut back = Vec::new();
-                give_owned(loan.0, &mut back);
+                loan.give_back(&mut back);
                 return Err(fail(Error::TagsExhausted { verb: VERB }, 0, back));
             }
         };
@@ -528,14 +534,15 @@ impl WrBatch<'_> {
                 (None, n) => sys::ibv_wr_set_sge_list(ex, n, sge.as_ptr()),
             }
         }
-        self.qp.pending_mut().batch.push(tag);
+        self.qp.pending_mut().batch += 1;
         Ok(())
     }
 
     /// rxe adds up a list's lengths wrongly (see the module docs).
     fn check_rxe_list(&self, wr: &SendWr<'_>) -> Result<()> {
-        let lens = &wr.sges.lens[..wr.sges.n];
-        if self.ex.rxe && wr.inline.is_none() && lens.iter().any(|&l| l != lens[0]) {
+        let mut lens = wr.data.entries().map(|(_, l)| l);
+        let first = lens.next();
+        if self.ex.rxe && wr.inline_data().is_none() && lens.any(|l| Some(l) != first) {
             return Err(Error::Unsupported {
                 what: "scatter/gather lists of unequal entries in a batch on rxe \
                        (its ibv_wr_set_sge_list counts the first entry's length for each)",
@@ -581,7 +588,7 @@ impl WrBatch<'_> {
             (*ex).wr_flags = bind.send_flags();
             sys::ibv_wr_bind_mw(ex, raw_mw, rkey, &info);
         }
-        self.qp.pending_mut().batch.push(tag);
+        self.qp.pending_mut().batch += 1;
         Ok(rkey)
     }
 
@@ -606,7 +613,7 @@ impl WrBatch<'_> {
             (*ex).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
             sys::ibv_wr_local_inv(ex, rkey);
         }
-        self.qp.pending_mut().batch.push(tag);
+        self.qp.pending_mut().batch += 1;
         Ok(())
     }
 
@@ -620,8 +627,7 @@ impl WrBatch<'_> {
         match self
             .qp
             .pending_mut()
-            .send
-            .insert(wr_id, (Default::default(), None, Some(loan)))
+            .insert_side(wr_id, (Loan::Empty, None, Some(loan)))
         {
             Ok(tag) => Ok(tag),
             Err(loan) => {
@@ -645,7 +651,7 @@ impl WrBatch<'_> {
         // SAFETY: the batch is open on this live extended QP; this ends it.
         let rc = unsafe { sys::ibv_wr_complete(self.ptr()) };
         let p = self.qp.pending_mut();
-        p.batch.clear();
+        p.batch = 0;
         // The provider released its lock, whatever `rc` says.
         p.batch_open = false;
         crate::error::check_rc("ibv_wr_complete", rc)
@@ -672,15 +678,19 @@ impl WrBatch<'_> {
         unsafe { sys::ibv_wr_abort(self.ptr()) };
         let p = self.qp.pending_mut();
         p.batch_open = false;
-        let mut undone = Vec::with_capacity(p.batch.len());
-        // Newest first: each is the ledger's latest insert at its turn.
-        while let Some(tag) = p.batch.pop() {
-            if let Some((wr_id, loan)) = p.send.undo_last_entry(tag) {
-                let (chunks, _ah, mw_loan) = loan;
+        let mut undone = Vec::with_capacity(p.batch);
+        // Newest first: the batch's requests are the ledger's newest.
+        for _ in 0..std::mem::take(&mut p.batch) {
+            if let Some((wr_id, loan, mw_loan)) = p.undo_newest_send() {
                 if let Some(l) = mw_loan {
                     l.restore();
                 }
-                undone.push(super::post::completed(wr_id, false, chunks));
+                undone.push(Completed::new(
+                    wr_id,
+                    false,
+                    super::ledger::Kind::Send,
+                    loan,
+                ));
             }
         }
         undone.reverse();

@@ -50,14 +50,15 @@
 //! call the provider failed stay in the ledger ("in doubt") until one of the
 //! above happens.
 
-use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// How many stamps a queue takes from the process-wide counter at a time.
+/// How many stamps a queue takes from the process-wide counter at a time
+/// (a queue of more slots takes as many blocks as it has slots).
 pub(crate) const BLOCK: u64 = 1 << 16;
 
 const KIND_SHIFT: u32 = 62;
-const STAMP_MASK: u64 = (1 << KIND_SHIFT) - 1;
+pub(crate) const STAMP_MASK: u64 = (1 << KIND_SHIFT) - 1;
 /// Block numbers stay below this, so that every stamp fits in 62 bits.
 const BLOCK_LIMIT: u64 = (1 << KIND_SHIFT) / BLOCK;
 
@@ -75,6 +76,7 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// The kind of a tag, or `None` for a `wr_id` this crate never issues.
+    #[inline]
     pub(crate) fn of(wr_id: u64) -> Option<Kind> {
         match wr_id >> KIND_SHIFT {
             1 => Some(Kind::Send),
@@ -84,6 +86,7 @@ impl Kind {
         }
     }
 
+    #[inline]
     fn tag(self, stamp: u64) -> u64 {
         ((self as u64) << KIND_SHIFT) | stamp
     }
@@ -92,29 +95,35 @@ impl Kind {
 /// The process-wide source of stamp blocks.
 static NEXT_BLOCK: AtomicU64 = AtomicU64::new(1);
 
-/// The first stamp of a block no queue ever had, or `None` once all 2^46
-/// are gone.
-fn take_block() -> Option<u64> {
+/// The first stamp of `n` consecutive blocks no queue ever had, or `None`
+/// once they are gone (after 2^46 blocks).
+fn take_blocks(n: u64) -> Option<u64> {
     NEXT_BLOCK
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-            (b < BLOCK_LIMIT).then_some(b + 1)
+            b.checked_add(n).filter(|&e| e <= BLOCK_LIMIT)
         })
         .ok()
         .map(|b| b * BLOCK)
+}
+
+#[cfg(test)]
+fn take_block() -> Option<u64> {
+    take_blocks(1)
 }
 
 /// The stamps of the process are used up (after 2^62 of them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Exhausted;
 
-/// One outstanding request.
-#[derive(Debug)]
-pub(crate) struct Entry<T> {
+/// One slot: free (`stamp` 0; on a receive queue `wr_id` then links the
+/// free list) or an outstanding request. 48 bytes for the crate's loans:
+/// stamp, the caller's `wr_id`, and a 32-byte payload.
+struct Slot<T> {
     stamp: u64,
-    /// The caller's own `wr_id`.
-    pub(crate) wr_id: u64,
-    /// What the request lent (its chunks, ...).
-    pub(crate) payload: T,
+    wr_id: u64,
+    /// `Some` exactly when `stamp` is not 0. `ManuallyDrop`: dropping the
+    /// slot array visits no slot; [`Ledger`]'s `Drop` takes what is left.
+    load: ManuallyDrop<Option<T>>,
 }
 
 /// A request leaving the ledger, and why.
@@ -127,49 +136,94 @@ pub(crate) struct Released<T> {
     pub(crate) own: bool,
     /// What the request lent.
     pub(crate) payload: T,
+    /// The slot it had (the index of its side entry, if it has one).
+    pub(crate) slot: usize,
+}
+
+/// Where the next requests go.
+#[derive(Debug)]
+enum Order {
+    /// A send queue: requests complete in post order, so the outstanding
+    /// ones fill the slots `tail..head` (counting inserts, mod the slot
+    /// count) and a completion ends `tail` up to its own slot.
+    Ring { head: u64, tail: u64 },
+    /// A receive queue or SRQ: requests end in any order; free slots form a
+    /// first-in first-out list (through their `wr_id`), so that requests
+    /// ending in post order give the slots out in turn.
+    Free { first: u32, last: u32 },
 }
 
 /// The outstanding requests of one queue, keyed by tag.
-#[derive(Debug)]
+///
+/// A request with stamp `s` lives in slot `s & mask`; stamps are chosen so
+/// that this is the slot the order gives (the ring's head, the free list's
+/// first), so a completion finds its slot with one mask and proves it with
+/// one compare of the full stamp. Free slots have stamp 0, which is never
+/// issued (block 0 is never handed out).
 pub(crate) struct Ledger<T> {
     kind: Kind,
     /// The most requests that may be outstanding at once.
     cap: usize,
-    /// `slots.len()` is a power of two at least twice `cap`; a request with
-    /// stamp `s` lives in slot `s & mask`.
-    slots: Box<[Option<Entry<T>>]>,
+    /// A power of two, at least `cap`.
+    slots: Box<[Slot<T>]>,
     mask: u64,
-    /// Send queues: the stamps of the outstanding requests in post order.
-    order: VecDeque<u64>,
     live: usize,
-    /// The next unused stamp of this queue's block, and the block's end.
+    order: Order,
+    /// The next unused stamp of this queue's blocks, and their end.
     next: u64,
     end: u64,
 }
 
+impl<T> std::fmt::Debug for Ledger<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("kind", &self.kind)
+            .field("cap", &self.cap)
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
 impl<T> Ledger<T> {
     /// An empty ledger for a queue of `kind` holding up to `cap` requests.
-    /// Allocates everything it will ever need now.
+    /// Allocates everything it will ever need now (one array of slots).
     pub(crate) fn new(kind: Kind, cap: usize) -> Self {
-        let len = cap.saturating_mul(2).max(2).next_power_of_two();
+        let len = cap.max(1).next_power_of_two();
+        let slots = (0..len)
+            .map(|i| Slot {
+                stamp: 0,
+                // The free list links slot i to i + 1 (ignored by the ring).
+                wr_id: (i + 1) as u64,
+                load: ManuallyDrop::new(None),
+            })
+            .collect();
+        let order = match kind {
+            Kind::Send => Order::Ring { head: 0, tail: 0 },
+            Kind::Recv | Kind::Srq => Order::Free {
+                first: 0,
+                last: len as u32 - 1,
+            },
+        };
         Ledger {
             kind,
             cap,
-            slots: (0..len).map(|_| None).collect(),
+            slots,
             mask: len as u64 - 1,
-            order: VecDeque::with_capacity(if kind == Kind::Send { cap } else { 0 }),
             live: 0,
+            order,
             next: 0,
             end: 0,
         }
     }
 
     /// How many requests are outstanding.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.live
     }
 
     /// How many more requests fit.
+    #[inline]
     pub(crate) fn room(&self) -> usize {
         self.cap - self.live
     }
@@ -180,50 +234,123 @@ impl<T> Ledger<T> {
         self.cap
     }
 
-    fn next_stamp(&mut self) -> Result<u64, Exhausted> {
-        if self.next == self.end {
-            let start = take_block().ok_or(Exhausted)?;
-            self.next = start;
-            self.end = start + BLOCK;
+    /// The slot count (a power of two).
+    #[inline]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The slot a tag of this ledger lives in (whether outstanding or not).
+    #[inline]
+    pub(crate) fn slot_of(&self, tag: u64) -> usize {
+        (tag & STAMP_MASK & self.mask) as usize
+    }
+
+    /// Bytes of the slot array.
+    pub(crate) fn bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Slot<T>>()
+    }
+
+    /// Takes back the newest request of a send queue (an aborted batch's,
+    /// which never reached the device; its stamp is issued again); `None`
+    /// when none is outstanding or on a receive queue.
+    pub(crate) fn pop_newest(&mut self) -> Option<Released<T>> {
+        let Order::Ring { head, .. } = self.order else {
+            return None;
+        };
+        if self.live == 0 {
+            return None;
         }
-        let s = self.next;
-        self.next += 1;
+        let idx = (head.wrapping_sub(1) & self.mask) as usize;
+        let tag = self.kind.tag(self.slots[idx].stamp);
+        let (wr_id, payload) = self.undo_last_entry(tag)?;
+        Some(Released {
+            wr_id,
+            own: false,
+            payload,
+            slot: idx,
+        })
+    }
+
+    /// A fresh stamp that lives in slot `idx`: the first unused stamp of
+    /// this queue's blocks that is `idx` mod the slot count, from new
+    /// blocks when those are used up.
+    #[inline]
+    fn stamp_for(&mut self, idx: u64) -> Result<u64, Exhausted> {
+        let mut s = self.next + (idx.wrapping_sub(self.next) & self.mask);
+        if s >= self.end {
+            s = self.new_blocks(idx)?;
+        }
+        self.next = s + 1;
         Ok(s)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn new_blocks(&mut self, idx: u64) -> Result<u64, Exhausted> {
+        // Enough blocks that every slot has a stamp in them.
+        let n = (self.slots.len() as u64).div_ceil(BLOCK).max(1);
+        let start = take_blocks(n).ok_or(Exhausted)?;
+        self.end = start + n * BLOCK;
+        // `start` is a multiple of BLOCK, and so of any slot count up to it;
+        // above, of the slot count too (both are powers of two).
+        Ok(start + (idx.wrapping_sub(start) & self.mask))
     }
 
     /// Records a request and returns the tag to hand the device as its
     /// `wr_id`. The caller checked [`room`](Self::room) first; with no room
-    /// the payload comes back.
+    /// (or no stamps left) the payload comes back.
+    #[inline]
     pub(crate) fn insert(&mut self, wr_id: u64, payload: T) -> Result<u64, T> {
         if self.live >= self.cap {
             return Err(payload);
         }
-        // At most `cap` of the `2 * cap` or more slots are taken, so a free
-        // slot turns up within `cap + 1` stamps.
-        let stamp = loop {
-            match self.next_stamp() {
-                Ok(s) if self.slots[(s & self.mask) as usize].is_none() => break s,
-                Ok(_) => continue,
-                Err(Exhausted) => return Err(payload),
-            }
+        let idx = match self.order {
+            Order::Ring { head, .. } => head & self.mask,
+            Order::Free { first, .. } => u64::from(first),
         };
-        self.slots[(stamp & self.mask) as usize] = Some(Entry {
-            stamp,
-            wr_id,
-            payload,
-        });
-        if self.kind == Kind::Send {
-            self.order.push_back(stamp);
+        let Ok(stamp) = self.stamp_for(idx) else {
+            return Err(payload);
+        };
+        let slot = &mut self.slots[idx as usize];
+        match &mut self.order {
+            Order::Ring { head, .. } => *head += 1,
+            // `live < cap <= slots`: the list is not empty, and its first
+            // slot links the next (the last one's link is never followed
+            // while it is the only free slot: `live` stops inserts first
+            // when `cap` is the slot count).
+            Order::Free { first, .. } => *first = slot.wr_id as u32,
         }
+        slot.stamp = stamp;
+        slot.wr_id = wr_id;
+        *slot.load = Some(payload);
         self.live += 1;
         Ok(self.kind.tag(stamp))
+    }
+
+    /// Frees slot `idx` (its request was taken): on a receive queue it goes
+    /// to the end of the free list.
+    #[inline]
+    fn free(&mut self, idx: usize) {
+        self.slots[idx].stamp = 0;
+        self.live -= 1;
+        if let Order::Free { first, last } = &mut self.order {
+            if self.live + 1 == self.slots.len() {
+                // The list was empty: `idx` is all of it.
+                *first = idx as u32;
+            } else {
+                self.slots[*last as usize].wr_id = idx as u64;
+            }
+            *last = idx as u32;
+        }
     }
 
     /// Takes back the request `tag` names if it is still outstanding (on a
     /// send queue: only if it is also the most recent one inserted, which
     /// keeps the post order of the rest): undoes an
     /// [`insert`](Self::insert) of a request that never reached the
-    /// device. Callers undo a call's requests newest first.
+    /// device. Callers undo a call's requests newest first; the stamps of
+    /// undone requests are issued again (no device ever saw them).
     pub(crate) fn undo_last(&mut self, tag: u64) -> Option<T> {
         self.undo_last_entry(tag).map(|(_, payload)| payload)
     }
@@ -231,28 +358,50 @@ impl<T> Ledger<T> {
     /// [`undo_last`](Self::undo_last), also giving the caller's `wr_id`.
     pub(crate) fn undo_last_entry(&mut self, tag: u64) -> Option<(u64, T)> {
         let stamp = self.own_stamp(tag)?;
-        if self.kind == Kind::Send {
-            if self.order.back() != Some(&stamp) {
-                return None;
+        let idx = (stamp & self.mask) as usize;
+        match &mut self.order {
+            Order::Ring { head, .. } => {
+                if (head.wrapping_sub(1) & self.mask) as usize != idx {
+                    return None;
+                }
+                *head -= 1;
+                self.slots[idx].stamp = 0;
+                self.live -= 1;
             }
-            self.order.pop_back();
+            Order::Free { first, last } => {
+                // Back to the front of the free list, where it came from.
+                let was_empty = self.live == self.slots.len();
+                let slot = &mut self.slots[idx];
+                slot.stamp = 0;
+                let wr_id = std::mem::replace(&mut slot.wr_id, u64::from(*first));
+                if was_empty {
+                    *last = idx as u32;
+                }
+                *first = idx as u32;
+                self.live -= 1;
+                let payload = slot.load.take()?;
+                if stamp + 1 == self.next {
+                    self.next = stamp;
+                }
+                return Some((wr_id, payload));
+            }
         }
-        self.live -= 1;
-        self.slots[(stamp & self.mask) as usize]
-            .take()
-            .map(|e| (e.wr_id, e.payload))
+        if stamp + 1 == self.next {
+            self.next = stamp;
+        }
+        let slot = &mut self.slots[idx];
+        slot.load.take().map(|p| (slot.wr_id, p))
     }
 
     /// The stamp of `tag` if it names a request outstanding here.
+    #[inline]
     fn own_stamp(&self, tag: u64) -> Option<u64> {
         if Kind::of(tag) != Some(self.kind) {
             return None;
         }
         let stamp = tag & STAMP_MASK;
-        match &self.slots[(stamp & self.mask) as usize] {
-            Some(e) if e.stamp == stamp => Some(stamp),
-            _ => None,
-        }
+        let s = &self.slots[(stamp & self.mask) as usize];
+        (stamp != 0 && s.stamp == stamp).then_some(stamp)
     }
 
     /// Whether `tag` names a request outstanding here.
@@ -261,37 +410,45 @@ impl<T> Ledger<T> {
         self.own_stamp(tag).is_some()
     }
 
-    fn take(&mut self, stamp: u64, own: bool, f: &mut impl FnMut(Released<T>)) {
-        let e = self.slots[(stamp & self.mask) as usize]
-            .take()
-            .expect("ledger: the order list names an empty slot");
-        self.live -= 1;
-        f(Released {
-            wr_id: e.wr_id,
+    /// Takes slot `idx`'s request and frees the slot.
+    #[inline]
+    fn take(&mut self, idx: usize, own: bool) -> Option<Released<T>> {
+        let slot = &mut self.slots[idx];
+        let payload = slot.load.take()?;
+        let wr_id = slot.wr_id;
+        self.free(idx);
+        Some(Released {
+            wr_id,
             own,
-            payload: e.payload,
-        });
+            payload,
+            slot: idx,
+        })
     }
 
     /// Ends what the completion with `tag` ends, calling `f` for each
     /// request it hands back, oldest first; returns how many. A tag of
     /// another kind or queue, or one already ended, ends nothing.
+    #[inline]
     pub(crate) fn complete(&mut self, tag: u64, mut f: impl FnMut(Released<T>)) -> usize {
         let Some(stamp) = self.own_stamp(tag) else {
             return 0;
         };
-        if self.kind != Kind::Send {
-            self.take(stamp, true, &mut f);
-            return 1;
-        }
-        // Send queues complete in order: everything up to `stamp` is done.
-        let mut n = 0;
-        while let Some(s) = self.order.pop_front() {
-            self.take(s, s == stamp, &mut f);
-            n += 1;
-            if s == stamp {
-                break;
+        let idx = (stamp & self.mask) as usize;
+        let Order::Ring { tail, .. } = self.order else {
+            return self.take(idx, true).map(f).map_or(0, |()| 1);
+        };
+        // Send queues complete in order: everything from the tail up to
+        // the request's own slot is done (all of it outstanding: the slots
+        // `tail..head` hold exactly the outstanding requests).
+        let n = ((idx as u64).wrapping_sub(tail) & self.mask) as usize + 1;
+        for k in 0..n {
+            let i = ((tail + k as u64) & self.mask) as usize;
+            if let Some(r) = self.take(i, k + 1 == n) {
+                f(r);
             }
+        }
+        if let Order::Ring { tail, .. } = &mut self.order {
+            *tail += n as u64;
         }
         n
     }
@@ -299,17 +456,48 @@ impl<T> Ledger<T> {
     /// Hands back every outstanding request, oldest first (after the queue
     /// was reset or destroyed).
     pub(crate) fn drain(&mut self, mut f: impl FnMut(Released<T>)) -> usize {
-        let stamps: Vec<u64> = if self.kind == Kind::Send {
-            self.order.drain(..).collect()
-        } else {
-            let mut v: Vec<u64> = self.slots.iter().flatten().map(|e| e.stamp).collect();
-            v.sort_unstable();
-            v
-        };
-        for &s in &stamps {
-            self.take(s, false, &mut f);
+        if self.live == 0 {
+            return 0;
         }
-        stamps.len()
+        let n = self.live;
+        match self.order {
+            Order::Ring { tail, .. } => {
+                for k in 0..n as u64 {
+                    let i = ((tail + k) & self.mask) as usize;
+                    if let Some(r) = self.take(i, false) {
+                        f(r);
+                    }
+                }
+                if let Order::Ring { tail, .. } = &mut self.order {
+                    *tail += n as u64;
+                }
+            }
+            Order::Free { .. } => {
+                let mut live: Vec<(u64, usize)> = (self.slots.iter().enumerate())
+                    .filter(|(_, s)| s.stamp != 0)
+                    .map(|(i, s)| (s.stamp, i))
+                    .collect();
+                live.sort_unstable();
+                for (_, i) in live {
+                    if let Some(r) = self.take(i, false) {
+                        f(r);
+                    }
+                }
+            }
+        }
+        n
+    }
+}
+
+impl<T> Drop for Ledger<T> {
+    /// Drops what is still outstanding; an empty ledger visits no slot.
+    fn drop(&mut self) {
+        if self.live == 0 {
+            return;
+        }
+        for s in self.slots.iter_mut() {
+            drop(s.load.take());
+        }
     }
 }
 
@@ -317,317 +505,4 @@ impl<T> Ledger<T> {
 mod proptests;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    #[test]
-    fn tags_carry_their_kind_and_are_never_zero() {
-        for kind in [Kind::Send, Kind::Recv, Kind::Srq] {
-            let mut l = Ledger::new(kind, 4);
-            let t = l.insert(7, ()).unwrap();
-            assert_ne!(t, 0);
-            assert_eq!(Kind::of(t), Some(kind));
-        }
-        assert_eq!(Kind::of(0), None);
-        assert_eq!(Kind::of(12345), None);
-    }
-
-    #[test]
-    fn blocks_are_never_handed_out_twice() {
-        let a = take_block().unwrap();
-        let b = take_block().unwrap();
-        assert!(b >= a + BLOCK);
-        assert!(b + BLOCK <= 1 << KIND_SHIFT);
-    }
-
-    #[test]
-    fn a_queue_moves_to_a_fresh_block_when_one_is_used_up() {
-        let mut l: Ledger<()> = Ledger::new(Kind::Recv, 1);
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..(BLOCK + 10) {
-            let t = l.insert(0, ()).unwrap();
-            assert!(seen.insert(t), "tag {t:#x} issued twice");
-            assert_eq!(l.complete(t, |_| ()), 1);
-        }
-    }
-
-    #[test]
-    fn no_room_gives_the_payload_back() {
-        let mut l = Ledger::new(Kind::Recv, 2);
-        l.insert(1, "a").unwrap();
-        l.insert(2, "b").unwrap();
-        assert_eq!(l.insert(3, "c"), Err("c"));
-        assert_eq!(l.len(), 2);
-    }
-
-    #[test]
-    fn send_completions_end_everything_before_them() {
-        let mut l = Ledger::new(Kind::Send, 8);
-        let tags: Vec<u64> = (0..5).map(|i| l.insert(i, i).unwrap()).collect();
-        let mut got = Vec::new();
-        assert_eq!(l.complete(tags[2], |r| got.push((r.wr_id, r.own))), 3);
-        assert_eq!(got, [(0, false), (1, false), (2, true)]);
-        assert_eq!(l.complete(tags[1], |_| ()), 0, "already ended");
-        assert_eq!(l.complete(tags[2], |_| ()), 0, "accepted once only");
-        assert_eq!(l.len(), 2);
-    }
-
-    #[test]
-    fn wrong_kind_or_queue_ends_nothing() {
-        let mut s = Ledger::new(Kind::Send, 4);
-        let mut r = Ledger::new(Kind::Recv, 4);
-        let mut q = Ledger::new(Kind::Srq, 4);
-        let ts = s.insert(1, ()).unwrap();
-        let tr = r.insert(2, ()).unwrap();
-        let tq = q.insert(3, ()).unwrap();
-        // Same stamp, other kind bits: refused.
-        let forged = (ts & STAMP_MASK) | ((Kind::Recv as u64) << KIND_SHIFT);
-        assert_eq!(r.complete(forged, |_| ()), 0);
-        assert_eq!(s.complete(tr, |_| ()), 0);
-        assert_eq!(q.complete(ts, |_| ()), 0);
-        assert_eq!(r.complete(tq, |_| ()), 0);
-        let mut other = Ledger::new(Kind::Recv, 4);
-        other.insert(9, ()).unwrap();
-        assert_eq!(other.complete(tr, |_| ()), 0, "another queue's tag");
-        assert_eq!((s.len(), r.len(), q.len()), (1, 1, 1));
-    }
-
-    #[test]
-    fn undo_only_takes_back_the_last_insert() {
-        let mut l = Ledger::new(Kind::Send, 4);
-        let a = l.insert(1, 'a').unwrap();
-        let b = l.insert(2, 'b').unwrap();
-        assert_eq!(l.undo_last(a), None);
-        assert_eq!(l.undo_last(b), Some('b'));
-        assert_eq!(l.undo_last(a), Some('a'));
-        assert_eq!(l.len(), 0);
-    }
-
-    #[test]
-    fn drain_hands_back_everything_oldest_first() {
-        let mut l = Ledger::new(Kind::Srq, 8);
-        let tags: Vec<u64> = (0..6).map(|i| l.insert(i, i).unwrap()).collect();
-        l.complete(tags[3], |_| ());
-        let mut got = Vec::new();
-        assert_eq!(l.drain(|r| got.push(r.wr_id)), 5);
-        assert_eq!(got, [0, 1, 2, 4, 5]);
-        assert_eq!(l.len(), 0);
-        assert_eq!(l.complete(tags[0], |_| ()), 0, "drained tags are dead");
-    }
-
-    /// A small deterministic generator (xorshift64*), so failures replay.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// A token standing for a lent chunk: each is created once, and must
-    /// come back exactly once.
-    #[derive(Debug, PartialEq, Eq)]
-    struct Token(u64);
-
-    /// The device's view of one queue: what it has been given and not yet
-    /// completed, in order.
-    #[derive(Default)]
-    struct DeviceQueue {
-        queued: VecDeque<(u64, bool)>, // (tag, signalled)
-    }
-
-    /// The randomized state-machine test: three queues (a QP's send queue,
-    /// its receive queue, an SRQ) driven by random posts, failed posts that
-    /// the "device" may or may not have queued, completions (in order on
-    /// the send queue, any order on the SRQ), flushes, reclaims on the right
-    /// and the wrong queue, twice, late, and resets. The model checks that
-    /// every token comes back exactly once, and never while the device may
-    /// still use it.
-    #[test]
-    fn random_state_machine_hands_every_token_back_exactly_once() {
-        let steps: usize = std::env::var("RDMA_VERBS_LEDGER_STEPS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(200_000);
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let kinds = [Kind::Send, Kind::Recv, Kind::Srq];
-        let caps = [5usize, 4, 7];
-        let mut ledgers: Vec<Ledger<Token>> =
-            (0..3).map(|q| Ledger::new(kinds[q], caps[q])).collect();
-        let mut device: Vec<DeviceQueue> = (0..3).map(|_| DeviceQueue::default()).collect();
-        // Completions polled but not yet reclaimed (some kept for replays).
-        let mut cq: Vec<(usize, u64)> = Vec::new();
-        let mut seen_cq: Vec<(usize, u64)> = Vec::new();
-        // token -> (queue, tag) while lent; the model's truth.
-        let mut lent: BTreeMap<u64, (usize, u64)> = BTreeMap::new();
-        // tags the device may still touch: queued and not completed.
-        let mut busy: BTreeMap<u64, usize> = BTreeMap::new();
-        let mut next_token = 0u64;
-        let mut returned = 0u64;
-        let mut stats = [0usize; 8];
-
-        let mut give_back = |r: Released<Token>,
-                             lent: &mut BTreeMap<u64, (usize, u64)>,
-                             busy: &BTreeMap<u64, usize>| {
-            let Token(t) = r.payload;
-            let (_, tag) = lent.remove(&t).expect("a token came back twice");
-            assert!(
-                !busy.contains_key(&tag),
-                "token {t} came back while the device may still use it"
-            );
-            assert_eq!(r.wr_id, t, "wr_id does not match the request");
-            returned += 1;
-        };
-
-        for step in 0..steps {
-            let q = rng.below(3);
-            match rng.below(10) {
-                // Post a chain of 0..=3 requests; sometimes the provider fails.
-                0..=2 => {
-                    let n = rng.below(4);
-                    if n > ledgers[q].room() {
-                        stats[0] += 1;
-                        continue; // the crate refuses before the call
-                    }
-                    let mut tags = Vec::new();
-                    for _ in 0..n {
-                        let t = next_token;
-                        next_token += 1;
-                        let tag = ledgers[q].insert(t, Token(t)).expect("room was checked");
-                        lent.insert(t, (q, tag));
-                        tags.push(tag);
-                    }
-                    // 1 in 5: the provider fails; it may have queued any
-                    // prefix (or all) of the chain anyway.
-                    let queued = if rng.below(5) == 0 {
-                        stats[1] += 1;
-                        rng.below(n + 1)
-                    } else {
-                        n
-                    };
-                    for &tag in &tags[..queued] {
-                        let signalled = q != 0 || rng.below(3) != 0;
-                        device[q].queued.push_back((tag, signalled));
-                        busy.insert(tag, q);
-                    }
-                }
-                // The device completes the oldest request (send, RQ) or any (SRQ).
-                3..=5 => {
-                    let dq = &mut device[q];
-                    if dq.queued.is_empty() {
-                        continue;
-                    }
-                    let i = if q == 2 {
-                        rng.below(dq.queued.len())
-                    } else {
-                        0
-                    };
-                    let (tag, signalled) = dq.queued.remove(i).unwrap();
-                    busy.remove(&tag);
-                    if signalled {
-                        cq.push((q, tag));
-                    }
-                    stats[2] += 1;
-                }
-                // Reclaim a polled completion on the right queue (mostly),
-                // or replay an old one, or try it on a wrong queue.
-                6..=7 => {
-                    if cq.is_empty() && seen_cq.is_empty() {
-                        continue;
-                    }
-                    let (from_q, tag) = if !cq.is_empty() && rng.below(4) != 0 {
-                        let c = cq.swap_remove(rng.below(cq.len()));
-                        seen_cq.push(c);
-                        if seen_cq.len() > 64 {
-                            seen_cq.swap_remove(rng.below(seen_cq.len()));
-                        }
-                        c
-                    } else if !seen_cq.is_empty() {
-                        stats[3] += 1;
-                        seen_cq[rng.below(seen_cq.len())] // late or twice
-                    } else {
-                        continue;
-                    };
-                    let target = if rng.below(5) == 0 {
-                        stats[4] += 1;
-                        rng.below(3) // possibly the wrong queue
-                    } else {
-                        from_q
-                    };
-                    let held_before = ledgers[target].holds(tag);
-                    let n = ledgers[target].complete(tag, |r| give_back(r, &mut lent, &busy));
-                    if target != from_q {
-                        assert_eq!(n, 0, "a wrong queue accepted a completion");
-                    }
-                    assert_eq!(n > 0, held_before);
-                }
-                // Flush: the queue goes to ERR; everything queued completes
-                // (with error), in order, all signalled.
-                8 => {
-                    if q == 2 || rng.below(4) != 0 {
-                        continue;
-                    }
-                    stats[5] += 1;
-                    while let Some((tag, _)) = device[q].queued.pop_front() {
-                        busy.remove(&tag);
-                        cq.push((q, tag));
-                    }
-                }
-                // Reset (QP queues) or destroy and recreate (SRQ): the
-                // device forgets its queue, the ledger hands everything back.
-                _ => {
-                    if rng.below(3) != 0 {
-                        continue;
-                    }
-                    stats[6] += 1;
-                    for (tag, _) in device[q].queued.drain(..) {
-                        busy.remove(&tag);
-                    }
-                    ledgers[q].drain(|r| give_back(r, &mut lent, &busy));
-                    assert_eq!(ledgers[q].len(), 0);
-                    if q == 2 && rng.below(2) == 0 {
-                        ledgers[q] = Ledger::new(Kind::Srq, caps[q]);
-                    }
-                }
-            }
-            // Invariants after every step.
-            for (q, l) in ledgers.iter().enumerate() {
-                let in_model = lent.values().filter(|(lq, _)| *lq == q).count();
-                assert_eq!(l.len(), in_model, "step {step}: queue {q} count");
-                assert!(l.len() <= l.cap());
-            }
-            for (&tag, &q) in &busy {
-                assert!(ledgers[q].holds(tag), "step {step}: a busy request left");
-            }
-            stats[7] = step;
-        }
-        // Finally the device finishes and everything is reset: all back.
-        for (q, l) in ledgers.iter_mut().enumerate() {
-            for (tag, _) in device[q].queued.drain(..) {
-                busy.remove(&tag);
-            }
-            l.drain(|r| give_back(r, &mut lent, &busy));
-        }
-        assert!(lent.is_empty(), "{} tokens never came back", lent.len());
-        assert_eq!(returned, next_token);
-        eprintln!(
-            "ledger: {} random steps, {next_token} requests, every one handed back once \
-             (refused {} chains, {} failed posts, {} device completions, {} replays, \
-             {} wrong-queue tries, {} flushes, {} resets)",
-            stats[7] + 1,
-            stats[0],
-            stats[1],
-            stats[2],
-            stats[3],
-            stats[4],
-            stats[5],
-            stats[6]
-        );
-    }
-}
+mod tests;

@@ -28,19 +28,28 @@
 //!   defaults.
 
 mod attr;
+mod chain;
+mod check;
+mod completed;
 mod connect;
+mod entries;
 mod ex;
 mod known;
 mod ledger;
 mod mask;
 mod modify;
 mod post;
+mod reclaim;
+mod request;
 
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
+    pub(crate) use super::chain::Scratch;
+    pub(crate) use super::check::RecvFacts;
+    pub(crate) use super::completed::sealed::Sealed as CompletionSealed;
+    pub(crate) use super::entries::{Loan, SendLoan};
     pub(crate) use super::ledger::{Kind, Ledger};
-    pub(crate) use super::post::sealed::Sealed as CompletionSealed;
-    pub(crate) use super::post::{chain_room, leaked_batch, post_recv_chain, Chunks, SendLoan};
+    pub(crate) use super::post::{chain_room, leaked_batch, post_recv_chain};
 }
 mod query;
 mod table;
@@ -50,6 +59,7 @@ mod validate;
 mod values;
 
 pub use attr::QpAttr;
+pub use completed::{Completed, Completion, PostError, RequestKind};
 pub use connect::{ConnectOptions, Endpoint};
 #[cfg(feature = "cm")]
 pub(crate) use ex::create_ex_with;
@@ -57,8 +67,8 @@ pub use ex::{SendOpsFlags, WrBatch};
 pub(crate) use known::{Known, QpRegistry};
 pub use mask::QpAttrMask;
 pub(crate) use post::fail as post_error;
-pub use post::{Completed, Completion, PostError, RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use query::{QpAttributes, QpInitAttributes};
+pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use table::{transition_rule, TransitionRule};
 pub use typed::{
     InitToInit, InitToRtr, Modify, Qp, RawPacket, Rc, ResetToInit, RtrToRts, RtsToRts, RtsToSqd,
@@ -395,7 +405,12 @@ impl QueuePair {
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),
             srq: attr.srq.cloned(),
-            pending: Box::new(post::Pending::new(&caps)),
+            pending: Box::new(post::Pending::new(
+                &caps,
+                attr.qp_type,
+                pd.as_ptr(),
+                dev.atomic_cap != crate::device_attr::AtomicCap::None,
+            )),
             _registration: known::Registration::new(ctx, raw.as_ptr(), &known),
         };
         // SAFETY: a fresh QP owned by nobody else; `keep` holds its PD and CQs.
@@ -524,7 +539,7 @@ impl QueuePair {
         }
         match self.pd().context().port_fixed(port, false) {
             Ok(f) => {
-                let floor = if f.grh_required() { post::GRH_LEN } else { 0 };
+                let floor = if f.grh_required() { check::GRH_LEN } else { 0 };
                 self.recv_floor = (port, floor);
                 floor
             }

@@ -9,7 +9,8 @@
 //!
 //! * every tag `insert` gives is nonzero, carries the ledger's kind and was
 //!   never given before, by any ledger of the process (the model keeps all
-//!   of them);
+//!   of them), except a tag of an undone request (one that never reached a
+//!   device), which the ledger may issue again;
 //! * `insert` refuses exactly when the model is at capacity, and gives the
 //!   payload back;
 //! * a completion is accepted only with a tag this very ledger issued and
@@ -283,7 +284,10 @@ impl World {
                 };
                 let want = pos.map(|i| {
                     let (tag, t) = self.model[q].out.remove(i).expect("in range");
-                    self.model[q].ended.push(tag);
+                    // An undone request never reached a device: its tag may
+                    // be issued again (the ledger rewinds its stamps).
+                    self.issued.retain(|e| e.0 != tag);
+                    self.issued_set.remove(&tag);
                     t
                 });
                 let got = self.ledgers[q].undo_last(tag).map(|Token(t)| t);

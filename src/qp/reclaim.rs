@@ -1,0 +1,241 @@
+//! Getting requests back: completions routed by their tags
+//! ([`QueuePair::reclaim`], [`reclaim_one`](QueuePair::reclaim_one),
+//! [`reclaim_chunks`](QueuePair::reclaim_chunks)), and everything at once
+//! after a RESET or the QP's destruction.
+
+use super::completed::{Completed, Completion};
+use super::entries::Loan;
+use super::ledger::Kind;
+use super::post::Pending;
+use super::{QpState, QpType, QueuePair};
+use crate::error::Result;
+use crate::mr::Chunk;
+
+impl Pending {
+    /// Ends what send completion `tag` ends (`ok`: it succeeded), oldest
+    /// first: window loans settle, side entries are let go.
+    #[inline]
+    pub(super) fn complete_send(
+        &mut self,
+        tag: u64,
+        ok: bool,
+        on: &mut impl FnMut(u64, bool, Kind, Loan),
+    ) -> usize {
+        let (send, side) = self.send_and_side();
+        send.complete(tag, |r| {
+            let loan = match r.payload {
+                Loan::Side => {
+                    let (loan, _ah, mw) = std::mem::take(&mut side[r.slot]);
+                    // A window bind or invalidation ran if its completion
+                    // (or a later one: send queues stop at an error)
+                    // succeeded; the window's state follows.
+                    if let Some(mut mw) = mw {
+                        mw.settle(ok || !r.own);
+                    }
+                    loan
+                }
+                loan => loan,
+            };
+            on(r.wr_id, r.own, Kind::Send, loan)
+        })
+    }
+
+    /// Ends the receive completion `tag` names.
+    #[inline]
+    pub(super) fn complete_recv(
+        &mut self,
+        tag: u64,
+        on: &mut impl FnMut(u64, bool, Kind, Loan),
+    ) -> usize {
+        self.recv_mut()
+            .complete(tag, |r| on(r.wr_id, r.own, Kind::Recv, r.payload))
+    }
+}
+
+impl QueuePair {
+    /// Hands back the requests that completion `wc` ends, calling `f` for
+    /// each (oldest first); returns how many.
+    ///
+    /// The completion's tag says which queue it belongs to: this QP's send
+    /// queue (a send completion ends its send and every send posted before
+    /// it, as send queues complete in order), its receive queue, or its SRQ
+    /// (handed to [`SharedReceiveQueue::reclaim`](crate::SharedReceiveQueue::reclaim)).
+    /// A completion ends something only the first time, and only on the
+    /// queue that issued its tag: completions of other QPs (of any device
+    /// or context), of QPs destroyed before, from before a RESET, or already
+    /// reclaimed, end nothing. Works for failed and flushed completions
+    /// too, whose opcode the device leaves undefined. Allocates nothing.
+    #[inline]
+    pub fn reclaim<C: Completion + ?Sized>(
+        &mut self,
+        wc: &C,
+        mut f: impl FnMut(Completed),
+    ) -> usize {
+        self.route(wc, |wr_id, own, kind, loan| {
+            f(Completed::new(wr_id, own, kind, loan))
+        })
+    }
+
+    /// Hands back the request completion `wc` names, by value, so that its
+    /// chunks can be posted again at once (the QP is not borrowed by a
+    /// callback): the common case of receives and of send queues whose
+    /// every request is signalled. `None` if the completion ends nothing
+    /// here (see [`reclaim`](Self::reclaim)).
+    ///
+    /// A send completion also ends every earlier send (unsignalled ones,
+    /// or signalled ones not reclaimed yet): those go to
+    /// [`take_released`](Self::take_released), oldest first, where nothing
+    /// is lost (they allocate there; a stream of unsignalled sends is
+    /// better served by [`reclaim_chunks`](Self::reclaim_chunks)).
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
+    /// use rdma_verbs::qp::RecvWr;
+    /// let mut wcs = [rdma_verbs::WorkCompletion::default(); 16];
+    /// for wc in cq.poll(&mut wcs)?.iter() {
+    ///     if let Some(done) = qp.reclaim_one(wc) {
+    ///         // Repost the receive's chunk at once.
+    ///         if let Some(chunk) = done.into_chunk() {
+    ///             qp.post_recv([RecvWr::new(7).sge(chunk)])?;
+    ///         }
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[inline]
+    pub fn reclaim_one<C: Completion + ?Sized>(&mut self, wc: &C) -> Option<Completed> {
+        let mut named = None;
+        let mut earlier = None::<Vec<Completed>>;
+        self.route(wc, |wr_id, own, kind, loan| {
+            let c = Completed::new(wr_id, own, kind, loan);
+            if own {
+                named = Some(c);
+            } else {
+                earlier.get_or_insert_with(Vec::new).push(c);
+            }
+        });
+        if let Some(mut e) = earlier {
+            self.pending_mut().keep_released(&mut e);
+        }
+        named
+    }
+
+    /// The one routing of a completion: by the tag's kind to this QP's
+    /// send or receive ledger or to its SRQ, `on(wr_id, own, kind, loan)`
+    /// for each request it ends, oldest first.
+    #[inline]
+    fn route<C: Completion + ?Sized>(
+        &mut self,
+        wc: &C,
+        mut on: impl FnMut(u64, bool, Kind, Loan),
+    ) -> usize {
+        if wc.local_qp_num().is_some_and(|n| n != self.qp_num()) {
+            return 0;
+        }
+        let tag = wc.tag();
+        let kind = Kind::of(tag);
+        let ok = wc.succeeded();
+        let n = match kind {
+            Some(Kind::Send) => self.pending_mut().complete_send(tag, ok, &mut on),
+            Some(Kind::Recv) => self.pending_mut().complete_recv(tag, &mut on),
+            Some(Kind::Srq) => self.srq().map_or(0, |srq| {
+                srq.reclaim_tag(tag, |c| on(c.wr_id, c.signaled, Kind::Srq, c.loan))
+            }),
+            None => 0,
+        };
+        if n > 0 && kind != Some(Kind::Send) {
+            if let Some(rkey) = self.invalidated_rkey(wc) {
+                crate::mw::invalidated_by_peer(self.pd().context(), rkey);
+            }
+        }
+        if n > 0 && !ok && self.state() != QpState::Err {
+            self.device_failed(kind);
+        }
+        n
+    }
+
+    /// A failed or flushed completion of one of this QP's requests was
+    /// reclaimed (`kind`: its queue): the device moved the QP, and the
+    /// known state follows.
+    ///
+    /// A flush happens only in ERR, and an error moves the QP to ERR,
+    /// except a send's on UD or UC, which the verbs move to SQE (rxe: ERR).
+    /// The request was outstanding, so the QP was not reset since it was
+    /// posted, and ERR has no way out but RESET: for the QP's own queues
+    /// ERR still holds. Receives of the QP's SRQ outlive a RESET of the QP,
+    /// so such a completion may be older than one; those and the UD/UC
+    /// sends ask the device.
+    #[cold]
+    #[inline(never)]
+    fn device_failed(&mut self, kind: Option<Kind>) {
+        match kind {
+            Some(Kind::Recv) => self.set_known(QpState::Err, None),
+            Some(Kind::Send) if self.qp_type() == QpType::Rc => self.set_known(QpState::Err, None),
+            // A failed query leaves the known state; `resync` reports it.
+            _ => {
+                let _ = self.resync();
+            }
+        }
+    }
+
+    /// Hands back the requests that completion `wc` ends, as
+    /// [`reclaim`](Self::reclaim) does, but in one call and without a
+    /// record per request: the owned chunks of all of them go to `chunks`,
+    /// oldest request first and in scatter/gather order within each
+    /// ([`SharedChunk`] clones are let go). Returns how many requests ended.
+    ///
+    /// For streams where the `wr_id`s of the requests are not needed: one
+    /// signalled completion ending a run of a hundred unsignalled writes
+    /// is one call with no callback per write. Allocates nothing unless
+    /// `chunks` grows.
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
+    /// let mut free = Vec::with_capacity(128);
+    /// let mut wcs = [rdma_verbs::WorkCompletion::default(); 16];
+    /// for wc in cq.poll(&mut wcs)?.iter() {
+    ///     qp.reclaim_chunks(wc, &mut free);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[inline]
+    pub fn reclaim_chunks<C: Completion + ?Sized, E: Extend<Chunk>>(
+        &mut self,
+        wc: &C,
+        chunks: &mut E,
+    ) -> usize {
+        self.route(wc, |_, _, _, loan| loan.give_owned(chunks))
+    }
+
+    /// Moves the QP to RESET (`ibv_modify_qp` with `IBV_QP_STATE` only)
+    /// and hands back every request it still held, oldest first, sends
+    /// before receives: the device forgets them all in RESET.
+    ///
+    /// Requests whose completions were lost (a CQ overrun) or never come
+    /// (receives on rxe in ERR, posts the provider failed) come back here.
+    /// Completions of them still in a CQ end nothing afterwards. Also
+    /// returns what an earlier move to RESET through [`modify`](Self::modify)
+    /// left in [`take_released`](Self::take_released).
+    #[doc(alias = "ibv_modify_qp")]
+    pub fn reset(&mut self) -> Result<Vec<Completed>> {
+        self.modify(&super::QpAttr::new().state(QpState::Reset))?;
+        Ok(self.take_released())
+    }
+
+    /// The requests a move to RESET (through [`modify`](Self::modify), a
+    /// typed transition or [`reset`](Self::reset)) handed back and that were
+    /// not taken yet; empty otherwise.
+    pub fn take_released(&mut self) -> Vec<Completed> {
+        self.pending_mut().take_released()
+    }
+
+    /// Destroys the QP now and hands back every request it still held
+    /// (and what a RESET left in [`take_released`](Self::take_released)).
+    ///
+    /// On failure the QP still exists on the device, so its requests'
+    /// chunks are leaked with it, never handed back or freed.
+    #[doc(alias = "ibv_destroy_qp")]
+    pub fn close_and_reclaim(self) -> Result<Vec<Completed>> {
+        Ok(self.into_keep()?.into_all())
+    }
+}
