@@ -165,11 +165,9 @@ pub(super) fn post_chain<W, R: ChainLink>(
     no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut R, &mut *mut R) -> c_int,
 ) -> Result<(), PostError> {
-    let Some(mut wr) = reqs.next() else {
-        return Ok(());
-    };
     let room = chain.ledger.room();
-    loop {
+    // One call site of the caller's `next`, so that it can be inlined.
+    while let Some(wr) = reqs.next() {
         if !ok(&wr) {
             if let Err(e) = check(&wr) {
                 return Err(refuse(chain, e, wr, reqs, give_back));
@@ -192,10 +190,10 @@ pub(super) fn post_chain<W, R: ChainLink>(
             Err(loan) => return Err(exhausted(verb, chain, loan, reqs, give_back)),
         }
         chain.n = n + 1;
-        match reqs.next() {
-            Some(w) => wr = w,
-            None => break,
-        }
+    }
+    drop(reqs);
+    if chain.n == 0 {
+        return Ok(());
     }
     // The caller's iterator is used up and dropped: no caller code runs
     // from here on, and the requests stay in the ledger whatever happens.

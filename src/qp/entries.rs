@@ -229,7 +229,7 @@ impl<'a> Data<'a> {
 
     /// Writes the raw entries to `out` (room for [`MAX_SGE`]); returns how
     /// many.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn fill(&self, out: &mut [sys::ibv_sge]) -> usize {
         match self {
             Data::None => 0,
@@ -266,7 +266,7 @@ impl<'a> Data<'a> {
     }
 
     /// What the request lends the device while outstanding.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn into_loan(self) -> Loan {
         match self {
             Data::None | Data::Inline(_) => Loan::Empty,
@@ -305,7 +305,7 @@ pub(crate) enum Loan {
 impl Loan {
     /// Gives the owned chunks to `out`, in scatter/gather order; shared
     /// ones are let go.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn give_owned<E: Extend<Chunk>>(self, out: &mut E) {
         match self {
             Loan::One(Lent::Own(c)) => out.extend(Some(c)),

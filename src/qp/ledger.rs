@@ -275,7 +275,7 @@ impl<T> Ledger<T> {
     /// A fresh stamp that lives in slot `idx`: the first unused stamp of
     /// this queue's blocks that is `idx` mod the slot count, from new
     /// blocks when those are used up.
-    #[inline]
+    #[inline(always)]
     fn stamp_for(&mut self, idx: u64) -> Result<u64, Exhausted> {
         let mut s = self.next + (idx.wrapping_sub(self.next) & self.mask);
         if s >= self.end {
@@ -300,7 +300,7 @@ impl<T> Ledger<T> {
     /// Records a request and returns the tag to hand the device as its
     /// `wr_id`. The caller checked [`room`](Self::room) first; with no room
     /// (or no stamps left) the payload comes back.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, wr_id: u64, payload: T) -> Result<u64, T> {
         if self.live >= self.cap {
             return Err(payload);
@@ -330,7 +330,7 @@ impl<T> Ledger<T> {
 
     /// Frees slot `idx` (its request was taken): on a receive queue it goes
     /// to the end of the free list.
-    #[inline]
+    #[inline(always)]
     fn free(&mut self, idx: usize) {
         self.slots[idx].stamp = 0;
         self.live -= 1;
@@ -394,7 +394,7 @@ impl<T> Ledger<T> {
     }
 
     /// The stamp of `tag` if it names a request outstanding here.
-    #[inline]
+    #[inline(always)]
     fn own_stamp(&self, tag: u64) -> Option<u64> {
         if Kind::of(tag) != Some(self.kind) {
             return None;
@@ -411,7 +411,7 @@ impl<T> Ledger<T> {
     }
 
     /// Takes slot `idx`'s request and frees the slot.
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, idx: usize, own: bool) -> Option<Released<T>> {
         let slot = &mut self.slots[idx];
         let payload = slot.load.take()?;
@@ -428,7 +428,7 @@ impl<T> Ledger<T> {
     /// Ends what the completion with `tag` ends, calling `f` for each
     /// request it hands back, oldest first; returns how many. A tag of
     /// another kind or queue, or one already ended, ends nothing.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete(&mut self, tag: u64, mut f: impl FnMut(Released<T>)) -> usize {
         let Some(stamp) = self.own_stamp(tag) else {
             return 0;

@@ -14,7 +14,7 @@ use crate::mr::Chunk;
 impl Pending {
     /// Ends what send completion `tag` ends (`ok`: it succeeded), oldest
     /// first: window loans settle, side entries are let go.
-    #[inline]
+    #[inline(always)]
     pub(super) fn complete_send(
         &mut self,
         tag: u64,
@@ -41,7 +41,7 @@ impl Pending {
     }
 
     /// Ends the receive completion `tag` names.
-    #[inline]
+    #[inline(always)]
     pub(super) fn complete_recv(
         &mut self,
         tag: u64,
@@ -123,7 +123,7 @@ impl QueuePair {
     /// The one routing of a completion: by the tag's kind to this QP's
     /// send or receive ledger or to its SRQ, `on(wr_id, own, kind, loan)`
     /// for each request it ends, oldest first.
-    #[inline]
+    #[inline(always)]
     fn route<C: Completion + ?Sized>(
         &mut self,
         wc: &C,
