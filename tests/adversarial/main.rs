@@ -10,6 +10,7 @@ mod common;
 mod arith;
 #[cfg(feature = "cm")]
 mod cm;
+mod cq_ex;
 mod data;
 mod gid;
 mod hardening;
@@ -19,6 +20,7 @@ mod predict;
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(arith::TESTS);
+    tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);

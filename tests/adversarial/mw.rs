@@ -26,6 +26,14 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "adversarial::mw_never_bound_or_invalidated_twice_at_once",
         twice_at_once,
     ),
+    (
+        "adversarial::mw_never_bound_windows_refuse_invalidate_and_unbind",
+        never_bound,
+    ),
+    (
+        "adversarial::mw_type1_rebound_elsewhere_while_binding_region_closed",
+        rebound_while_binding,
+    ),
 ];
 
 /// Two connected RC QPs (`a` binds, `b` is the peer), extended with every
@@ -194,6 +202,118 @@ fn twice_at_once(env: &Env) -> Result<(), Failed> {
     ensure!(
         st == WcStatus::RemAccessErr,
         "read after invalidation: {st:?}"
+    );
+    Ok(())
+}
+
+/// Windows never bound: a type 2 one is not invalidated (posted or in a
+/// batch: rxe's kernel would dereference its absent region), a type 1 one
+/// is not unbound (the request names the bound region) nor invalidated,
+/// a type 2 one is not unbound. Each refusal posts nothing and leaves the
+/// window as it was: both bind normally afterwards.
+fn never_bound(env: &Env) -> Result<(), Failed> {
+    let mut r = rig(env)?;
+    let mr = region(&r.pd, 4096)?;
+    let mut w2 = r.pd.alloc_mw(MwType::Type2)?;
+    let mut w1 = r.pd.alloc_mw(MwType::Type1)?;
+    let (k2, k1) = (w2.rkey(), w1.rkey());
+    let e =
+        r.a.invalidate_mw(1, &mut w2)
+            .err()
+            .ok_or("a never-bound window invalidated")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
+    ensure!(e.posted == 0 && e.returned.is_empty(), "{e:?}");
+    let mut batch = r.a.start_batch()?;
+    let e = batch
+        .local_inv(2, &mut w2)
+        .err()
+        .ok_or("a never-bound window invalidated in a batch")?;
+    ensure!(e.error.to_string().contains("free"), "{e}");
+    ensure!(batch.is_empty(), "the batch holds a request");
+    drop(batch.abort());
+    let e =
+        r.a.unbind_mw(3, &mut w1)
+            .err()
+            .ok_or("a never-bound type 1 window unbound")?;
+    ensure!(e.error.to_string().contains("known to be bound"), "{e}");
+    let e =
+        r.a.invalidate_mw(4, &mut w1)
+            .err()
+            .ok_or("a type 1 window invalidated")?;
+    ensure!(e.error.to_string().contains("type 2"), "{e}");
+    let e =
+        r.a.unbind_mw(5, &mut w2)
+            .err()
+            .ok_or("a type 2 window unbound")?;
+    ensure!(e.error.to_string().contains("type 1"), "{e}");
+    ensure!(r.a.outstanding_sends() == 0, "a refused request was posted");
+    ensure!(
+        w2.rkey() == k2 && w1.rkey() == k1 && !w2.holds_region() && !w1.holds_region(),
+        "a refusal moved a window"
+    );
+    // Both bind, the type 2 one with the key after its first.
+    let bind = MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?;
+    r.a.bind_mw(&mut w2, &bind.wr_id(6))?;
+    r.a.bind_mw(&mut w1, &bind.wr_id(7))?;
+    let mut ids = Vec::new();
+    for wc in poll_n(&r.cq, 2)? {
+        ensure!(wc.is_success(), "{wc:?}");
+        r.a.reclaim(&wc, |d| ids.push(d.wr_id));
+    }
+    ensure!(ids == [6, 7], "binds ended {ids:?}");
+    ensure!(w2.is_bound() && w1.is_bound(), "not bound");
+    // Type 2 windows are invalidated before their QP goes (rxe).
+    r.a.invalidate_mw(8, &mut w2)?;
+    let wc = poll_n(&r.cq, 1)?[0];
+    ensure!(wc.is_success() && r.a.reclaim(&wc, drop) == 1, "{wc:?}");
+    Ok(())
+}
+
+/// A type 1 window bound to region A, then, before that bind's completion
+/// is reclaimed, bound again to region B; the program drops A's handle and
+/// tries to close B (refused: the window holds it). Both binds end once;
+/// the window's key is the second; B is read through it, and the first
+/// key reaches nothing.
+fn rebound_while_binding(env: &Env) -> Result<(), Failed> {
+    let mut r = rig(env)?;
+    let a = region(&r.pd, 4096)?;
+    let b = region(&r.pd, 8192)?;
+    let mut mw = r.pd.alloc_mw(MwType::Type1)?;
+    let first = MwBind::new(&a, 0, 64, AccessFlags::REMOTE_READ)?.wr_id(1);
+    let second = MwBind::new(&b, 5000, 64, AccessFlags::REMOTE_READ)?.wr_id(2);
+    let (addr1, addr2) = (first.remote_addr(), second.remote_addr());
+    let k1 = r.a.bind_mw(&mut mw, &first)?;
+    let k2 = r.a.bind_mw(&mut mw, &second)?;
+    ensure!(k1 != k2 && mw.rkey() == k2, "keys {k1:#x} then {k2:#x}");
+    drop(a);
+    match b.close() {
+        Err(rdma_verbs::Error::InUse { .. }) => {}
+        other => return Err(format!("close of a region being bound: {other:?}").into()),
+    }
+    let mut ids = Vec::new();
+    for wc in poll_n(&r.cq, 2)? {
+        ensure!(
+            wc.is_success() && wc.opcode() == Ok(WcOpcode::BindMw),
+            "{wc:?}"
+        );
+        ensure!(r.a.reclaim(&wc, |d| ids.push(d.wr_id)) == 1, "{wc:?}");
+    }
+    ensure!(ids == [1, 2], "binds ended {ids:?}");
+    ensure!(
+        mw.is_bound() && mw.holds_region() && mw.rkey() == k2,
+        "after both binds: {mw:?}"
+    );
+    let (st, got) = peer_read(&mut r, addr2 + 3, k2, 8)?;
+    let want: Vec<u8> = (5003..5011).map(|i| (i % 251) as u8).collect();
+    ensure!(
+        st == WcStatus::Success && got == want,
+        "read through the second bind: {st:?} {got:?}"
+    );
+    // Last: a refused read takes the peer's QP to ERR.
+    let (st, _) = peer_read(&mut r, addr1, k1, 8)?;
+    ensure!(
+        st == WcStatus::RemAccessErr,
+        "read through the first key: {st:?}"
     );
     Ok(())
 }

@@ -1,0 +1,122 @@
+//! Extended completion queues (`ibv_create_cq_ex`, `struct ibv_cq_ex`):
+//! completions read field by field, with the set of fields fixed when the
+//! CQ is created and known to the compiler.
+//!
+//! # Fields
+//!
+//! [`Context::create_cq_ex`] returns a [`CqExBuilder`]; each of its field
+//! methods ([`byte_len`](CqExBuilder::byte_len), [`imm`](CqExBuilder::imm),
+//! [`qp_num`](CqExBuilder::qp_num), ...) adds one `IBV_WC_EX_WITH_*` flag to
+//! the `wc_flags` of the call and turns one type parameter of the
+//! [`Fields`] set from [`Off`] to [`On`]. A completion of the CQ
+//! ([`PolledWc`]) has a read method per field, bounded by the field's trait
+//! ([`WithByteLen`], [`WithImm`], ...): reading a field the CQ was not
+//! created with does not compile. That is more than tidiness: a provider
+//! leaves the `read_*` function of a field not asked for unset, and
+//! calling it would jump through a NULL pointer. [`CqExBuilder::build`]
+//! also checks that the provider did install every function the set needs
+//! before handing the CQ out.
+//!
+//! `wr_id`, status, opcode, vendor error and flags are always there.
+//! [`StandardFields`] is the set of `IBV_WC_STANDARD_FLAGS` (byte_len, imm,
+//! qp_num, src_qp, slid, sl, dlid_path_bits), which
+//! [`standard`](CqExBuilder::standard) asks for in one call.
+//!
+//! # Polling
+//!
+//! A batch is a lending iterator: [`CompletionQueueEx::start_poll`]
+//! (`ibv_start_poll`) opens it when the CQ has a completion, and each
+//! [`CqPoll::next`] yields one completion, the first call the one
+//! `ibv_start_poll` found and every later one through `ibv_next_poll`,
+//! until the CQ is empty. A [`PolledWc`] borrows its batch, so it cannot be
+//! kept past the next `next` (which moves the provider's cursor) nor past
+//! the end of the batch. Dropping the batch (or [`CqPoll::end`]) calls
+//! `ibv_end_poll` when it is due (see below); the completions the batch
+//! yielded are then consumed. The batch holds the provider's CQ lock from
+//! `ibv_start_poll` to its end, so [`CqPoll`] is neither `Send` nor `Sync`:
+//! it ends on the thread that opened it.
+//!
+//! `ibv_start_poll` takes the first completion off the queue: a batch
+//! dropped before its first `next` consumes that completion unseen, as
+//! `ibv_end_poll` after `ibv_start_poll` does in C.
+//!
+//! While a batch is open the provider's CQ lock is held, and other users
+//! of that lock wait for it. Do not destroy or reset a queue pair of this CQ on
+//! the batch's own thread while it is open: mlx5 cleans the QP's entries
+//! out of its CQs under that lock and would wait for it forever. Reclaiming
+//! through [`QueuePair::reclaim`](crate::QueuePair::reclaim) calls no verb
+//! and is fine inside a batch.
+//!
+//! # The rxe quirk: when `ibv_end_poll` is due
+//!
+//! The man page (`ibv_create_cq_ex(3)`) says `ibv_end_poll` follows every
+//! successful `ibv_start_poll`, including after `ibv_next_poll` reported
+//! `ENOENT`. The soft-RoCE provider does not work that way (rdma-core's
+//! `providers/rxe/rxe.c`, `cq_next_poll` and `cq_end_poll`): its
+//! `next_poll`, on finding the queue empty, itself stores the consumer
+//! index and releases the CQ lock, and its `end_poll` always advances the
+//! index once more and then unlocks. Calling `ibv_end_poll` after an
+//! `ENOENT` of `ibv_next_poll` on rxe therefore moves the consumer index one
+//! past the producer (the CQ then reads stale entries as new ones, or loses
+//! a ring's worth) and unlocks a lock that is not held. Other providers
+//! (mlx5 among them) keep the lock in `next_poll` and need `ibv_end_poll`.
+//!
+//! So on rxe, recognised by its vendor id `0xFFFFFF` (`RXE_VENDOR_ID` in the
+//! kernel's `drivers/infiniband/sw/rxe/rxe_param.h`, what `ibv_devinfo`
+//! reports as `vendor_id` for an rxe device), a batch that `ibv_next_poll`
+//! ended with `ENOENT` is not followed by `ibv_end_poll`; a batch dropped
+//! earlier is (rxe's `end_poll` then consumes the current completion, as
+//! intended). On every other device `ibv_end_poll` ends every batch.
+//!
+//! ```no_run
+//! use rdma_verbs::{Context, QpInitAttr, QpType};
+//! let ctx = Context::open_first()?;
+//! let mut cq = ctx.create_cq_ex(256).byte_len().qp_num().build()?;
+//! let pd = ctx.alloc_pd()?;
+//! let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq()))?;
+//! // ... post work ...
+//! if let Some(mut batch) = cq.start_poll()? {
+//!     while let Some(wc) = batch.next()? {
+//!         println!("wr {} ({} bytes) on QP {}", wc.wr_id(), wc.byte_len(), wc.qp_num());
+//!     }
+//! }
+//! # drop(qp);
+//! # Ok::<(), rdma_verbs::Error>(())
+//! ```
+
+// The completion fields at the type level; the CQ and its creation; the
+// poll batch; the completions.
+mod cq;
+mod fields;
+mod poll;
+mod wc;
+
+// What the module docs' links name.
+#[cfg(doc)]
+use crate::context::Context;
+
+use cq::last_errno;
+pub use cq::{CompletionQueueEx, CqExBuilder};
+use fields::has;
+pub use fields::{
+    FieldSet, Fields, Flag, NoFields, Off, On, StandardFields, WithByteLen,
+    WithCompletionTimestamp, WithCompletionWallclock, WithCvlan, WithDlidPathBits, WithFlowTag,
+    WithImm, WithQpNum, WithSl, WithSlid, WithSrcQp,
+};
+pub use poll::CqPoll;
+pub use wc::PolledWc;
+
+/// The vendor id of soft-RoCE devices: `RXE_VENDOR_ID` (`0XFFFFFF`) in the
+/// kernel's `drivers/infiniband/sw/rxe/rxe_param.h`.
+pub(crate) const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rxe_vendor_id_is_the_kernels() {
+        // RXE_VENDOR_ID in drivers/infiniband/sw/rxe/rxe_param.h.
+        assert_eq!(RXE_VENDOR_ID, 0xFF_FFFF);
+    }
+}
