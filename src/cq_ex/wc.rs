@@ -73,15 +73,28 @@ impl<F: FieldSet> PolledWc<'_, F> {
         self.raw_status() == sys::ibv_wc_status::IBV_WC_SUCCESS
     }
 
-    /// The operation (`ibv_wc_read_opcode`); only meaningful when the
-    /// status is success. `Err(raw)` for an unknown opcode.
+    /// The operation (`ibv_wc_read_opcode`). `Err(raw)` for a failed or
+    /// flushed completion (the opcode is undefined then: the kind of
+    /// request comes from [`request_kind`](Self::request_kind)) and for an
+    /// unknown opcode.
     #[doc(alias = "ibv_wc_read_opcode")]
     #[inline]
     pub fn opcode(&self) -> Result<WcOpcode, u32> {
         // SAFETY: batch open with this completion current; read_opcode is
         // always set (checked in `build`).
         let o = unsafe { sys::ibv_wc_read_opcode(self.raw()) };
+        if !self.is_success() {
+            return Err(o);
+        }
         WcOpcode::from_raw(o).ok_or(o)
+    }
+
+    /// Which queue the completed request was posted to, from the tag of a
+    /// safe-path request (failed and flushed completions too); `None` for
+    /// a raw-path `wr_id`.
+    #[inline]
+    pub fn request_kind(&self) -> Option<crate::qp::RequestKind> {
+        crate::qp::RequestKind::of_tag(self.wr_id())
     }
 
     /// The provider's own error code (`ibv_wc_read_vendor_err`).

@@ -49,7 +49,7 @@ impl<R: ChainLink> Scratch<R> {
     }
 
     /// Request `i` and its entries.
-    #[inline]
+    #[inline(always)]
     fn at(&mut self, i: usize) -> (&mut R, &mut [sys::ibv_sge]) {
         (
             &mut self.wrs[i],
@@ -61,7 +61,7 @@ impl<R: ChainLink> Scratch<R> {
     /// their entries and returns its head. Every pointer is derived from
     /// the two base pointers taken here, after which nothing touches the
     /// vectors until the post call that receives the chain returns.
-    #[inline]
+    #[inline(always)]
     fn link(&mut self, n: usize) -> *mut R {
         let wbase = self.wrs.as_mut_ptr();
         let sbase = self.sges.as_mut_ptr();
@@ -152,7 +152,7 @@ impl<R: ChainLink> Drop for Chain<'_, R> {
 /// or on a provider failure, the ledger keeps every request (see
 /// [`PostError`]). An empty `reqs` calls nothing.
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 pub(super) fn post_chain<W, R: ChainLink>(
     verb: &'static str,
     mut chain: Chain<'_, R>,

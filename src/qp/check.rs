@@ -62,7 +62,7 @@ impl SendFacts {
     /// or write of one entry of this PD, inline data that fits, or no
     /// data, with a destination exactly when the QP is UD. `false` says
     /// nothing (the full check decides).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn fast(&self, wr: &SendWr<'_>) -> bool {
         let data = match &wr.data {
             Data::One(l, _) => self.max_sge >= 1 && l.chunk().pd_ptr() == self.pd,
@@ -230,7 +230,7 @@ impl RecvFacts {
     /// Whether `wr` certainly passes [`check`](Self::check): one writable
     /// chunk of this PD that holds the floor, or no buffer where there is
     /// no floor.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn fast(&self, wr: &RecvWr) -> bool {
         match &wr.data {
             Data::One(l, len) => {

@@ -610,7 +610,7 @@ fn check_send(
 
 /// Fills the opcode, flags, entries and operation fields of `wr`'s raw
 /// form in place (its `wr_id` and links are set later).
-#[inline]
+#[inline(always)]
 fn fill_send(wr: &SendWr<'_>, raw: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_sge]) {
     raw.num_sge = wr.data.fill(sges) as c_int;
     raw.opcode = wr.op.opcode();
@@ -664,7 +664,7 @@ fn fill_send(wr: &SendWr<'_>, raw: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_s
 
 /// Moves what a send lends into the ledger (a UD destination's handle to
 /// the side table); its tag, or its loan back.
-#[inline]
+#[inline(always)]
 fn lend_send(
     ledger: &mut Ledger<Loan>,
     side: &mut Vec<SendLoan>,
@@ -700,7 +700,7 @@ fn lend_side(
 }
 
 /// Fills a receive's raw form in place.
-#[inline]
+#[inline(always)]
 fn fill_recv(wr: &RecvWr, raw: &mut sys::ibv_recv_wr, sges: &mut [sys::ibv_sge]) {
     raw.num_sge = wr.data.fill(sges) as c_int;
 }
