@@ -475,10 +475,12 @@ impl WorkCompletion {
         self.0.qp_num
     }
 
-    /// `src_qp`: the sender's QP number (UD receives).
+    /// `src_qp`: the sender's QP number (UD receives; meaningless for
+    /// other completions). The field is 24 bits wide on the wire, so only
+    /// the low 24 bits of what the provider wrote are kept.
     #[inline]
-    pub fn src_qp(&self) -> u32 {
-        self.0.src_qp
+    pub fn src_qp(&self) -> crate::qp::QpNum {
+        crate::qp::QpNum::truncate(self.0.src_qp)
     }
 
     /// `pkey_index` (GSI QPs).
@@ -552,7 +554,10 @@ mod tests {
         assert_eq!(w.byte_len(), 100);
         assert_eq!(w.imm_data(), Some(0x1234_5678));
         assert_eq!(w.invalidated_rkey(), None);
-        assert_eq!(w.src_qp(), 0x11);
+        assert_eq!(w.src_qp().get(), 0x11);
+        // Bits above the 24 of the field on the wire are not a QP number.
+        let w = wc(|r| r.src_qp = 0xff00_0011);
+        assert_eq!(w.src_qp(), crate::qp::QpNum::new(0x11).unwrap());
     }
 
     #[test]

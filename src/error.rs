@@ -74,6 +74,20 @@ pub enum Error {
         /// What the post needs, e.g. `"sends need RTS, SQD, SQE or ERR"`.
         needs: &'static str,
     },
+    /// An operation made for QPs of one transport was asked of a QP of
+    /// another, e.g. [`QueuePair::bring_up_ud`](crate::QueuePair::bring_up_ud)
+    /// on an RC QP (which needs a peer:
+    /// [`QueuePair::connect`](crate::QueuePair::connect)). Nothing was
+    /// called; the QP is unchanged.
+    #[error("{operation} takes {takes} QPs; this QP is {}", .qp_type.short_name())]
+    WrongQpType {
+        /// The operation, e.g. `"QueuePair::bring_up_ud"`.
+        operation: &'static str,
+        /// The QP's type.
+        qp_type: crate::qp::QpType,
+        /// The type(s) the operation takes, e.g. `"UD"`.
+        takes: &'static str,
+    },
     /// The process used up the work request numbers this crate hands out
     /// (2^62 of them): no further posts are possible.
     #[error("{verb} refused: the process has used up all 2^62 work request tags")]
@@ -207,7 +221,8 @@ impl From<Error> for io::Error {
             Error::InvalidArgument { .. }
             | Error::OutOfRange { .. }
             | Error::Modify(_)
-            | Error::QpState { .. } => io::ErrorKind::InvalidInput,
+            | Error::QpState { .. }
+            | Error::WrongQpType { .. } => io::ErrorKind::InvalidInput,
             Error::TagsExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::CmEvent { got, status, .. } => match (*got, *status) {

@@ -235,7 +235,8 @@ impl QueuePair {
 
     /// Takes a QP in RESET to RTS, connected to `remote` (RC, UC), or ready
     /// to send datagrams (UD, where `remote` is not used: UD sends name
-    /// their destination). `psn` is this QP's first PSN, as announced in
+    /// their destination; [`bring_up_ud`](Self::bring_up_ud) says so without
+    /// a made-up peer). `psn` is this QP's first PSN, as announced in
     /// [`local_endpoint`](Self::local_endpoint).
     ///
     /// Each step goes through [`modify`](Self::modify), so a bad setting is
@@ -264,9 +265,13 @@ impl QueuePair {
             .port(opts.port);
         match t {
             QpType::Ud => {
-                self.modify(&init.qkey(opts.qkey))?;
-                self.modify(&QpAttr::new().state(QpState::Rtr))?;
-                return self.modify(&QpAttr::new().state(QpState::Rts).sq_psn(psn));
+                return self.bring_up_ud_with(
+                    "QueuePair::connect",
+                    opts.pkey_index,
+                    opts.port,
+                    opts.qkey,
+                    psn,
+                )
             }
             QpType::Rc | QpType::Uc => self.modify(&init.access_flags(opts.access))?,
             other => {

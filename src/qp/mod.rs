@@ -25,9 +25,13 @@
 //!   state is checked at run time rather than being a type parameter.
 //! * [`QueuePair::connect`] takes a fresh QP to RTS against an [`Endpoint`]
 //!   (the record rdma-core's pingpong examples exchange) with sensible
-//!   defaults.
+//!   defaults; [`QueuePair::bring_up_ud`] and
+//!   [`QueuePair::bring_up_raw_packet`] (and `bring_up` on [`Qp<Ud>`](Qp)
+//!   and [`Qp<RawPacket>`](Qp)) take the connectionless transports to RTS
+//!   without a peer.
 
 mod attr;
+mod bring_up;
 mod connect;
 mod ex;
 mod known;

@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+mod bring_up;
 #[cfg(feature = "cm")]
 mod cm;
 mod context;
@@ -22,6 +23,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(context::TESTS);
     tests.extend_from_slice(objects::TESTS);
     tests.extend_from_slice(qp::TESTS);
+    tests.extend_from_slice(bring_up::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(ex::TESTS);
