@@ -104,6 +104,7 @@ pub mod mw;
 mod pd;
 mod port;
 pub mod qp;
+mod remote;
 mod srq;
 pub mod sys;
 
@@ -122,6 +123,7 @@ pub use mw::{MemoryWindow, MwBind, MwType};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
+pub use remote::RemoteBuf;
 pub use srq::SharedReceiveQueue;
 
 #[cfg(test)]

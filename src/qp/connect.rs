@@ -94,7 +94,8 @@ impl FromStr for Endpoint {
         let mut parts = s.trim_end_matches('\0').split(':');
         let mut field = |name, digits| {
             let p = parts.next().ok_or_else(|| bad_record(name))?;
-            if p.len() != digits {
+            // Hex digits only: from_str_radix would take a leading '+'.
+            if p.len() != digits || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(bad_record(name));
             }
             u64::from_str_radix(p, 16).map_err(|_| bad_record(name))
@@ -103,7 +104,12 @@ impl FromStr for Endpoint {
         let qpn = QpNum::new(field("QPN", 6)? as u32)?;
         let psn = Psn::new(field("PSN", 6)? as u32)?;
         let gid_text = parts.next().ok_or_else(|| bad_record("GID"))?;
-        if parts.next().is_some() || gid_text.len() != 32 {
+        // ASCII hex digits only, so that slicing by bytes below never cuts
+        // a multi-byte character.
+        if parts.next().is_some()
+            || gid_text.len() != 32
+            || !gid_text.bytes().all(|b| b.is_ascii_hexdigit())
+        {
             return Err(bad_record("GID"));
         }
         let mut gid = [0u8; 16];
@@ -344,6 +350,11 @@ mod tests {
             "0000:000011:abcdef:00000000000000000000ffff0a63000g",
             "0000:000011:abcdef:00000000000000000000ffff0a630001:x",
             "zzzz:000011:abcdef:00000000000000000000ffff0a630001",
+            "+000:000011:abcdef:00000000000000000000ffff0a630001",
+            "0000:+00011:abcdef:00000000000000000000ffff0a630001",
+            "0000:000011:abcdef:+0000000000000000000ffff0a630001",
+            // 32 bytes, one character of two bytes: refused, not a panic.
+            "0000:000011:abcdef:00000000000000000000ffff0a630é1",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad:?} accepted");
         }

@@ -53,6 +53,7 @@ mod types;
 mod validate;
 mod values;
 
+pub use crate::remote::RemoteBuf;
 pub use attr::QpAttr;
 pub use connect::{ConnectOptions, Endpoint};
 #[cfg(feature = "cm")]

@@ -17,6 +17,7 @@ mod mw;
 mod objects;
 mod port_cache;
 mod qp;
+mod remote;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
@@ -24,6 +25,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(objects::TESTS);
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(bring_up::TESTS);
+    tests.extend_from_slice(remote::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(ex::TESTS);
