@@ -8,8 +8,9 @@ use std::sync::Arc;
 use crate::channel::CompletionChannel;
 use crate::context::Context;
 use crate::error::{check_count, check_ptr, Error, Result};
-use crate::handle::{close_shared, Owned, RawObject};
+use crate::handle::{close_counted, Owned, RawObject};
 use crate::sys;
+use crate::users::{Tally, UserCounts, UserKind};
 
 impl RawObject for sys::ibv_cq {
     const DESTROY: &'static str = "ibv_destroy_cq";
@@ -22,7 +23,10 @@ impl RawObject for sys::ibv_cq {
 
 /// What a CQ keeps alive: its context, and its completion channel if any.
 pub(crate) struct CqKeep {
+    _tally: Tally,
     ctx: Context,
+    /// Its users by kind (queue pairs), for `close`'s refusal.
+    users: Arc<UserCounts>,
     _channel: Option<CompletionChannel>,
     /// Created with `ibv_create_cq_ex`: polled only through
     /// [`CompletionQueueEx`](crate::CompletionQueueEx), never with `ibv_poll_cq`.
@@ -140,7 +144,9 @@ impl CompletionQueue {
         ex: bool,
     ) -> Self {
         let keep = CqKeep {
+            _tally: Tally::new(ctx.users(), UserKind::CompletionQueue, 1),
             ctx: ctx.clone(),
+            users: UserCounts::new(),
             _channel: channel.cloned(),
             ex,
         };
@@ -223,10 +229,16 @@ impl CompletionQueue {
     /// Destroys the CQ now, reporting failure.
     ///
     /// Fails with [`Error::InUse`] while other handles or queue pairs using
-    /// it are alive; it is then destroyed when the last of them is dropped.
+    /// it are alive (the error says how many of each); it is then destroyed
+    /// when the last of them is dropped.
     #[doc(alias = "ibv_destroy_cq")]
     pub fn close(self) -> Result<()> {
-        close_shared(self.inner)
+        close_counted(self.inner, |k| Some(&k.users))
+    }
+
+    /// The CQ's user counts, for its queue pairs' tallies.
+    pub(crate) fn users(&self) -> &Arc<UserCounts> {
+        &self.inner.keep().users
     }
 }
 

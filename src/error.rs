@@ -112,12 +112,19 @@ pub enum Error {
     /// `close()` was called on an object that other objects still depend on.
     ///
     /// The object stays alive and is destroyed when its last user is dropped.
-    #[error("cannot close the {object} now: {users} other object(s) still use it; it will be destroyed when they are dropped")]
+    /// The message names the users, e.g. `cannot close the protection
+    /// domain now: it is still used by 2 queue pairs, 1 memory region, 1
+    /// other handle (a clone); it will be destroyed when the last of them
+    /// is dropped`.
+    #[error("cannot close the {object} now: it is still used by {by}; it will be destroyed when the last of them is dropped")]
     InUse {
         /// Which kind of object, e.g. `"protection domain"`.
         object: &'static str,
-        /// How many other objects still hold it.
+        /// How many other handles and objects still hold it, in all.
         users: usize,
+        /// Who they are: objects by kind, and the object's own other
+        /// handles (clones).
+        by: crate::users::InUseBy,
     },
     /// A connection manager event other than the one awaited came (or the
     /// awaited one with a non-zero status), e.g. `RDMA_CM_EVENT_ADDR_ERROR`

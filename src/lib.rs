@@ -107,6 +107,7 @@ pub mod qp;
 mod remote;
 mod srq;
 pub mod sys;
+mod users;
 
 pub use ah::{AddressHandle, GRH_LEN};
 pub use channel::{CompletionChannel, CqEvent};
@@ -125,6 +126,7 @@ pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
 pub use remote::RemoteBuf;
 pub use srq::SharedReceiveQueue;
+pub use users::{InUseBy, UserKind};
 
 #[cfg(test)]
 mod thread_safety {

@@ -86,6 +86,7 @@ use crate::pd::ProtectionDomain;
 use crate::port::LinkLayer;
 use crate::srq::SharedReceiveQueue;
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 impl RawObject for sys::ibv_qp {
     const DESTROY: &'static str = "ibv_destroy_qp";
@@ -228,6 +229,8 @@ impl<'a> QpInitAttr<'a> {
 /// The outstanding requests' buffers live here too, so that they are freed
 /// only after the QP is destroyed, and leaked with it if destruction fails.
 struct QpKeep {
+    /// The QP's entries in its PD's, CQs' and SRQ's user counts.
+    _tallies: [Option<Tally>; 4],
     pd: ProtectionDomain,
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
@@ -395,7 +398,17 @@ impl QueuePair {
         };
         let caps = QpCaps::from_raw(&raw_attr.cap);
         let known = Known::new(QpState::Reset);
+        let kind = UserKind::QueuePair;
+        let (scq, rcq) = (attr.send_cq, attr.recv_cq);
+        let one_cq = std::sync::Arc::ptr_eq(&scq.inner, &rcq.inner);
         let keep = QpKeep {
+            _tallies: [
+                Some(Tally::new(pd.users(), kind, 1)),
+                // One QP, holding its CQ twice when it is both.
+                Some(Tally::new(scq.users(), kind, if one_cq { 2 } else { 1 })),
+                (!one_cq).then(|| Tally::new(rcq.users(), kind, 1)),
+                attr.srq.map(|srq| Tally::new(srq.users(), kind, 1)),
+            ],
             pd: pd.clone(),
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),

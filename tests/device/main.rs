@@ -12,6 +12,7 @@ mod context;
 mod cq_ex;
 mod data;
 mod ex;
+mod in_use;
 mod modify;
 mod mw;
 mod objects;
@@ -23,6 +24,7 @@ fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(context::TESTS);
     tests.extend_from_slice(objects::TESTS);
+    tests.extend_from_slice(in_use::TESTS);
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(bring_up::TESTS);
     tests.extend_from_slice(remote::TESTS);
