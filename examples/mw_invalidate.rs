@@ -67,9 +67,9 @@
 //!
 //! 1. client -> server: its [`Endpoint`] wire record, its size (big-endian
 //!    u64) and its mode (one byte: 0 local invalidation, 1 remote, 2 type 1);
-//! 2. server -> client: the line `WINDOW`, its endpoint record, the window's address
-//!    (big-endian u64), rkey (big-endian u32) and length (big-endian u32),
-//!    sent once the bind has completed;
+//! 2. server -> client: the line `WINDOW`, its endpoint record, the window's
+//!    [`RemoteBuf`](rdma_verbs::RemoteBuf) wire record (address, rkey and
+//!    length as text, 43 bytes with the NUL), sent once the bind has completed;
 //! 3. then lines: client `WRITTEN`; server `SEND_INV` (remote mode: the
 //!    client then posts the SEND_WITH_INV); server `INVALIDATED`; client
 //!    `DONE`; server `OK`. Either side sends `FAIL reason` instead when a
@@ -85,10 +85,10 @@ use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, RecvWr, RemoteAddr, SendOp, SendWr};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, RecvWr, SendOp, SendWr};
 use rdma_verbs::{
-    AccessFlags, Chunk, CompletionQueue, MwBind, MwType, QpState, QueuePair, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, Chunk, CompletionQueue, MwBind, MwType, QpState, QueuePair, RemoteBuf, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 use tcp_example::{
@@ -522,9 +522,13 @@ fn serve(
         region.rkey()
     );
 
-    let window = RemoteAddr { addr, rkey };
+    let window = RemoteBuf {
+        addr,
+        rkey,
+        len: size as u64,
+    };
     peer.send("WINDOW")?;
-    peer.tcp.write_all(&grant(&me, window, size as u32))?;
+    peer.tcp.write_all(&grant(&me, window))?;
 
     // The client reads, then writes the new pattern.
     peer.expect("WRITTEN")?;
@@ -645,8 +649,9 @@ fn client(o: &Options, host: &str) -> Res<()> {
     peer.expect("WINDOW")?;
     let mut reply = [0u8; GRANT_LEN];
     peer.read_exact(&mut reply)?;
-    let (remote, window, len) = parse_grant(&reply)?;
-    if len != o.common.size {
+    let (remote, window) = parse_grant(&reply)?;
+    let len = window.len;
+    if len != o.common.size as u64 {
         return Err(
             peer.fail(format!("the window has {len} bytes, expected {}", o.common.size).into())
         );
@@ -672,9 +677,10 @@ fn run_client(
     cq: &CompletionQueue,
     qp: &mut QueuePair,
     peer: &mut Peer,
-    window: RemoteAddr,
+    window: RemoteBuf,
 ) -> Res<()> {
     let size = o.common.size;
+    let whole = window.at(0, size as u64)?;
     let mut bufs = pd
         .alloc_chunks(2, size, AccessFlags::LOCAL_WRITE)?
         .into_iter();
@@ -685,7 +691,7 @@ fn run_client(
 
     // 1. Read through the window: the server's pattern.
     read_buf.as_mut_slice().fill(0);
-    qp.post_send([SendWr::new(WR_READ, SendOp::RdmaRead(window)).sge(read_buf)])?;
+    qp.post_send([SendWr::new(WR_READ, SendOp::RdmaRead(whole)).sge(read_buf)])?;
     let d = wait_one(cq, qp, peer)?;
     d.expect(WR_READ, WcOpcode::RdmaRead)?;
     read_buf = d.chunk.ok_or("the read came back without its chunk")?;
@@ -698,7 +704,7 @@ fn run_client(
 
     // 2. Write a new pattern through it; the server checks it.
     fill(write_buf.as_mut_slice(), WRITE_SEED, 0);
-    qp.post_send([SendWr::new(WR_WRITE, SendOp::RdmaWrite(window)).sge(write_buf)])?;
+    qp.post_send([SendWr::new(WR_WRITE, SendOp::RdmaWrite(whole)).sge(write_buf)])?;
     let d = wait_one(cq, qp, peer)?;
     d.expect(WR_WRITE, WcOpcode::RdmaWrite)?;
     println!("mw_invalidate: wrote {size} bytes through the window");
@@ -723,7 +729,7 @@ fn run_client(
 
     // 4. Read through the revoked window: it must fail with REM_ACCESS_ERR.
     read_buf.as_mut_slice().fill(0);
-    qp.post_send([SendWr::new(WR_READ_AFTER, SendOp::RdmaRead(window)).sge(read_buf)])?;
+    qp.post_send([SendWr::new(WR_READ_AFTER, SendOp::RdmaRead(whole)).sge(read_buf)])?;
     let d = wait_one(cq, qp, peer)?;
     if d.wr_id != WR_READ_AFTER {
         return Err(format!(

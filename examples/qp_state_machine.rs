@@ -189,13 +189,19 @@ fn run(o: &Options) -> Result<()> {
         refused.unwrap_err()
     );
 
-    // UC and UD through the one-call helper, then the other states.
+    // UC through the one-call helper (connected to itself: loopback), UD
+    // through its own bring-up (a datagram QP has no peer), then the other
+    // states.
     for t in [rdma_verbs::QpType::Uc, rdma_verbs::QpType::Ud] {
         let mut qp = pd.create_qp(&rdma_verbs::QpInitAttr::new(t, &cq, &cq))?;
         println!("{} QP {:#x}", t.short_name(), qp.qp_num());
         show("created", &qp)?;
-        let me = qp.local_endpoint(&conn, psn)?;
-        qp.connect(&conn, psn, &me)?;
+        if t == rdma_verbs::QpType::Ud {
+            qp.bring_up_ud(conn.port, conn.qkey, psn)?;
+        } else {
+            let me = qp.local_endpoint(&conn, psn)?;
+            qp.connect(&conn, psn, &me)?;
+        }
         show("RESET->INIT->RTR->RTS", &qp)?;
         qp.modify(&QpAttr::new().state(QpState::Sqd))?;
         qp.wait_sq_drained(drain_timeout())?;

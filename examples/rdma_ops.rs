@@ -37,8 +37,9 @@
 //! 1. client -> server: its [`Endpoint`] wire record (52 bytes), then its
 //!    size and iteration count (big-endian u64 each);
 //! 2. the server connects its QP, posts receives for the immediates, then
-//!    server -> client: its endpoint record, then the region's address
-//!    (big-endian u64), rkey (big-endian u32) and length (big-endian u32);
+//!    server -> client: its endpoint record, then the region's
+//!    [`RemoteBuf`] wire record (address, rkey and length as text, 43 bytes
+//!    with the NUL; [`MemoryRegion::remote_buf`]);
 //! 3. the client connects its QP and runs the operations;
 //! 4. client -> server: `DONE\n` (or `FAIL reason\n`); the server checks
 //!    its region and the immediates it received and answers `OK\n` or
@@ -71,10 +72,10 @@ use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, RecvWr, RemoteAddr, SendOp, SendWr};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, RecvWr, SendOp, SendWr};
 use rdma_verbs::{
-    AccessFlags, AtomicCap, Chunk, CompletionQueue, Context, MemoryRegion, QueuePair, WcOpcode,
-    WorkCompletion,
+    AccessFlags, AtomicCap, Chunk, CompletionQueue, Context, MemoryRegion, QueuePair, RemoteBuf,
+    WcOpcode, WorkCompletion,
 };
 
 use tcp_example::{
@@ -361,11 +362,7 @@ fn server(o: &Options) -> Res<()> {
     qp.post_recv(recv_chunks.into_iter().map(|c| RecvWr::new(WR_RECV).sge(c)))?;
     let mut posted = first as u64;
 
-    let whole = RemoteAddr {
-        addr: region.addr(),
-        rkey: region.rkey(),
-    };
-    tcp.write_all(&grant(&me, whole, len as u32))?;
+    tcp.write_all(&grant(&me, region.remote_buf()?))?;
     println!(
         "rdma_ops: client {peer}; region addr {:#x} rkey {:#x} len {len}",
         region.addr(),
@@ -543,8 +540,9 @@ fn client(o: &Options, host: &str) -> Res<()> {
     tcp.read_exact(&mut reply).map_err(|e| {
         format!("no answer from the server ({e}): are --size and --iters the same on both sides?")
     })?;
-    let (remote, RemoteAddr { addr, rkey }, len) = parse_grant(&reply)?;
-    if len < HEADER + 2 * o.common.size {
+    let (remote, memory) = parse_grant(&reply)?;
+    let RemoteBuf { addr, rkey, len } = memory;
+    if len < (HEADER + 2 * o.common.size) as u64 {
         return Err(format!("the server's region has {len} bytes, too few").into());
     }
     qp.connect(&opts, psn, &remote)?;
@@ -555,7 +553,7 @@ fn client(o: &Options, host: &str) -> Res<()> {
     );
 
     let mut counts = Counts::default();
-    let result = run_client(o, &pd, &cq, &mut qp, addr, rkey, &mut counts);
+    let result = run_client(o, &pd, &cq, &mut qp, memory, &mut counts);
     if let Err(e) = result {
         // Let the server stop waiting; it may have stopped first, on a
         // failed check of its own (an operation then fails here because
@@ -616,16 +614,14 @@ fn run_client(
     pd: &rdma_verbs::ProtectionDomain,
     cq: &CompletionQueue,
     qp: &mut QueuePair,
-    addr: u64,
-    rkey: u32,
+    memory: RemoteBuf,
     counts: &mut Counts,
 ) -> Res<()> {
-    let at = |offset: usize| RemoteAddr {
-        addr: addr + offset as u64,
-        rkey,
-    };
-    let (cas_remote, faa_remote) = (at(CAS_OFFSET), at(FAA_OFFSET));
-    let (area, imm_area) = (at(HEADER), at(HEADER + o.common.size));
+    // Each place, checked once to lie inside the server's region.
+    let size = o.common.size as u64;
+    let at = |offset: usize, len: u64| memory.at(offset as u64, len);
+    let (cas_remote, faa_remote) = (at(CAS_OFFSET, 8)?, at(FAA_OFFSET, 8)?);
+    let (area, imm_area) = (at(HEADER, size)?, at(HEADER + o.common.size, size)?);
 
     // Local buffers: what to write, what to read into, what to write with
     // imm, and one 8-byte chunk per atomic for the old value.

@@ -9,6 +9,7 @@ use crate::handle::{close_shared, Owned, RawObject};
 use crate::pd::ProtectionDomain;
 use crate::qp::AddressVector;
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 impl RawObject for sys::ibv_ah {
     const DESTROY: &'static str = "ibv_destroy_ah";
@@ -36,7 +37,7 @@ impl RawObject for sys::ibv_ah {
 #[doc(alias = "ibv_ah")]
 #[derive(Clone)]
 pub struct AddressHandle {
-    inner: Arc<Owned<sys::ibv_ah, ProtectionDomain>>,
+    inner: Arc<Owned<sys::ibv_ah, (ProtectionDomain, Tally)>>,
 }
 
 /// The size of the Global Routing Header a UD receive gets in front of the
@@ -158,8 +159,9 @@ impl AddressHandle {
         let mut raw = av.to_raw();
         // SAFETY: the PD is live; `raw` is a valid attribute struct.
         let ah = check_ptr(VERB, unsafe { sys::ibv_create_ah(pd.as_ptr(), &mut raw) })?;
+        let tally = Tally::new(pd.users(), UserKind::AddressHandle, 1);
         // SAFETY: a fresh AH owned by nobody else; it keeps its PD alive.
-        let inner = unsafe { Owned::new(ah, pd.clone()) };
+        let inner = unsafe { Owned::new(ah, (pd.clone(), tally)) };
         Ok(AddressHandle {
             inner: Arc::new(inner),
         })
@@ -171,7 +173,7 @@ impl AddressHandle {
 
     /// The protection domain it belongs to.
     pub fn pd(&self) -> &ProtectionDomain {
-        self.inner.keep()
+        &self.inner.keep().0
     }
 
     /// Destroys the handle now, reporting failure; [`Error::InUse`] while

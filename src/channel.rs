@@ -11,6 +11,7 @@ use crate::cq::CompletionQueue;
 use crate::error::{check_ptr, Error, Result};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 impl RawObject for sys::ibv_comp_channel {
     const DESTROY: &'static str = "ibv_destroy_comp_channel";
@@ -46,7 +47,7 @@ impl RawObject for sys::ibv_comp_channel {
 #[doc(alias = "ibv_comp_channel")]
 #[derive(Clone)]
 pub struct CompletionChannel {
-    inner: Arc<Owned<sys::ibv_comp_channel, Context>>,
+    inner: Arc<Owned<sys::ibv_comp_channel, (Context, Tally)>>,
 }
 
 /// A completion event: a CQ of the channel was notified.
@@ -75,8 +76,9 @@ impl CompletionChannel {
         let raw = check_ptr("ibv_create_comp_channel", unsafe {
             sys::ibv_create_comp_channel(ctx.as_ptr())
         })?;
+        let tally = Tally::new(ctx.users(), UserKind::CompletionChannel, 1);
         // SAFETY: a fresh channel owned by nobody else; it keeps `ctx` alive.
-        let inner = unsafe { Owned::new(raw, ctx.clone()) };
+        let inner = unsafe { Owned::new(raw, (ctx.clone(), tally)) };
         Ok(CompletionChannel {
             inner: Arc::new(inner),
         })
@@ -87,7 +89,7 @@ impl CompletionChannel {
     }
 
     pub(crate) fn context(&self) -> &Context {
-        self.inner.keep()
+        &self.inner.keep().0
     }
 
     /// Makes [`get_event`](Self::get_event) return `EAGAIN` instead of

@@ -10,9 +10,10 @@ use crate::device::{DeviceList, ListInner};
 use crate::device_attr::DeviceAttr;
 use crate::error::{check_count, check_ptr, check_rc, table_of, Error, Result};
 use crate::gid::{Gid, GidEntry};
-use crate::handle::{close_shared, Owned, RawObject};
+use crate::handle::{close_counted, Owned, RawObject};
 use crate::port::{GidKind, PortAttr, PortCache, PortFixed};
 use crate::sys;
+use crate::users::UserCounts;
 
 impl RawObject for sys::ibv_context {
     const DESTROY: &'static str = "ibv_close_device";
@@ -40,6 +41,8 @@ pub(crate) struct ContextData {
     /// The QPs created from this context, for the event delivery (see
     /// `qp/known.rs`).
     qps: crate::qp::QpRegistry,
+    /// Its users by kind, for `close`'s refusal.
+    users: Arc<UserCounts>,
 }
 
 impl ContextData {
@@ -52,6 +55,7 @@ impl ContextData {
             ports,
             windows: Mutex::new(Vec::new()),
             qps: Default::default(),
+            users: UserCounts::new(),
         }
     }
 }
@@ -182,6 +186,11 @@ impl Context {
 
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_context {
         self.inner.as_ptr()
+    }
+
+    /// The context's user counts, for its children's tallies.
+    pub(crate) fn users(&self) -> &Arc<UserCounts> {
+        &self.inner.keep().users
     }
 
     /// The QPs created from this context, by pointer.
@@ -438,11 +447,13 @@ impl Context {
     /// Closes the device now, reporting failure.
     ///
     /// Fails with [`Error::InUse`] while other handles to this context, or
-    /// objects created from it, are alive; it is then closed when the last
-    /// of them is dropped. Dropping a `Context` never fails visibly.
+    /// objects created from it, are alive (the error names them: protection
+    /// domains, completion queues, completion channels, queue pairs, CM
+    /// ids, other handles); it is then closed when the last of them is
+    /// dropped. Dropping a `Context` never fails visibly.
     #[doc(alias = "ibv_close_device")]
     pub fn close(self) -> Result<()> {
-        close_shared(self.inner)
+        close_counted(self.inner, |k| Some(&k.users))
     }
 
     /// Whether `other` is a handle to the same open device context.

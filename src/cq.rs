@@ -8,8 +8,9 @@ use std::sync::Arc;
 use crate::channel::CompletionChannel;
 use crate::context::Context;
 use crate::error::{check_count, check_ptr, Error, Result};
-use crate::handle::{close_shared, Owned, RawObject};
+use crate::handle::{close_counted, Owned, RawObject};
 use crate::sys;
+use crate::users::{Tally, UserCounts, UserKind};
 
 impl RawObject for sys::ibv_cq {
     const DESTROY: &'static str = "ibv_destroy_cq";
@@ -22,7 +23,10 @@ impl RawObject for sys::ibv_cq {
 
 /// What a CQ keeps alive: its context, and its completion channel if any.
 pub(crate) struct CqKeep {
+    _tally: Tally,
     ctx: Context,
+    /// Its users by kind (queue pairs), for `close`'s refusal.
+    users: Arc<UserCounts>,
     _channel: Option<CompletionChannel>,
     /// Created with `ibv_create_cq_ex`: polled only through
     /// [`CompletionQueueEx`](crate::CompletionQueueEx), never with `ibv_poll_cq`.
@@ -140,7 +144,9 @@ impl CompletionQueue {
         ex: bool,
     ) -> Self {
         let keep = CqKeep {
+            _tally: Tally::new(ctx.users(), UserKind::CompletionQueue, 1),
             ctx: ctx.clone(),
+            users: UserCounts::new(),
             _channel: channel.cloned(),
             ex,
         };
@@ -223,10 +229,16 @@ impl CompletionQueue {
     /// Destroys the CQ now, reporting failure.
     ///
     /// Fails with [`Error::InUse`] while other handles or queue pairs using
-    /// it are alive; it is then destroyed when the last of them is dropped.
+    /// it are alive (the error says how many of each); it is then destroyed
+    /// when the last of them is dropped.
     #[doc(alias = "ibv_destroy_cq")]
     pub fn close(self) -> Result<()> {
-        close_shared(self.inner)
+        close_counted(self.inner, |k| Some(&k.users))
+    }
+
+    /// The CQ's user counts, for its queue pairs' tallies.
+    pub(crate) fn users(&self) -> &Arc<UserCounts> {
+        &self.inner.keep().users
     }
 }
 
@@ -496,10 +508,12 @@ impl WorkCompletion {
         self.0.qp_num
     }
 
-    /// `src_qp`: the sender's QP number (UD receives).
+    /// `src_qp`: the sender's QP number (UD receives; meaningless for
+    /// other completions). The field is 24 bits wide on the wire, so only
+    /// the low 24 bits of what the provider wrote are kept.
     #[inline]
-    pub fn src_qp(&self) -> u32 {
-        self.0.src_qp
+    pub fn src_qp(&self) -> crate::qp::QpNum {
+        crate::qp::QpNum::truncate(self.0.src_qp)
     }
 
     /// `pkey_index` (GSI QPs).
@@ -578,7 +592,10 @@ mod tests {
         assert_eq!(w.byte_len(), 100);
         assert_eq!(w.imm_data(), Some(0x1234_5678));
         assert_eq!(w.invalidated_rkey(), None);
-        assert_eq!(w.src_qp(), 0x11);
+        assert_eq!(w.src_qp().get(), 0x11);
+        // Bits above the 24 of the field on the wire are not a QP number.
+        let w = wc(|r| r.src_qp = 0xff00_0011);
+        assert_eq!(w.src_qp(), crate::qp::QpNum::new(0x11).unwrap());
     }
 
     #[test]

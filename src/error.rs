@@ -74,6 +74,20 @@ pub enum Error {
         /// What the post needs, e.g. `"sends need RTS, SQD, SQE or ERR"`.
         needs: &'static str,
     },
+    /// An operation made for QPs of one transport was asked of a QP of
+    /// another, e.g. [`QueuePair::bring_up_ud`](crate::QueuePair::bring_up_ud)
+    /// on an RC QP (which needs a peer:
+    /// [`QueuePair::connect`](crate::QueuePair::connect)). Nothing was
+    /// called; the QP is unchanged.
+    #[error("{operation} takes {takes} QPs; this QP is {}", .qp_type.short_name())]
+    WrongQpType {
+        /// The operation, e.g. `"QueuePair::bring_up_ud"`.
+        operation: &'static str,
+        /// The QP's type.
+        qp_type: crate::qp::QpType,
+        /// The type(s) the operation takes, e.g. `"UD"`.
+        takes: &'static str,
+    },
     /// The process used up the work request numbers this crate hands out
     /// (2^62 of them): no further posts are possible.
     #[error("{verb} refused: the process has used up all 2^62 work request tags")]
@@ -98,12 +112,19 @@ pub enum Error {
     /// `close()` was called on an object that other objects still depend on.
     ///
     /// The object stays alive and is destroyed when its last user is dropped.
-    #[error("cannot close the {object} now: {users} other object(s) still use it; it will be destroyed when they are dropped")]
+    /// The message names the users, e.g. `cannot close the protection
+    /// domain now: it is still used by 2 queue pairs, 1 memory region, 1
+    /// other handle (a clone); it will be destroyed when the last of them
+    /// is dropped`.
+    #[error("cannot close the {object} now: it is still used by {by}; it will be destroyed when the last of them is dropped")]
     InUse {
         /// Which kind of object, e.g. `"protection domain"`.
         object: &'static str,
-        /// How many other objects still hold it.
+        /// How many other handles and objects still hold it, in all.
         users: usize,
+        /// Who they are: objects by kind, and the object's own other
+        /// handles (clones).
+        by: crate::users::InUseBy,
     },
     /// A connection manager event other than the one awaited came (or the
     /// awaited one with a non-zero status), e.g. `RDMA_CM_EVENT_ADDR_ERROR`
@@ -207,7 +228,8 @@ impl From<Error> for io::Error {
             Error::InvalidArgument { .. }
             | Error::OutOfRange { .. }
             | Error::Modify(_)
-            | Error::QpState { .. } => io::ErrorKind::InvalidInput,
+            | Error::QpState { .. }
+            | Error::WrongQpType { .. } => io::ErrorKind::InvalidInput,
             Error::TagsExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::CmEvent { got, status, .. } => match (*got, *status) {

@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::{check_rc, Error, Result};
+use crate::users::{InUseBy, UserCounts};
 
 /// A raw libibverbs object type and the verb that destroys it.
 pub(crate) trait RawObject {
@@ -126,14 +127,37 @@ impl<T: RawObject, K> Drop for Owned<T, K> {
     }
 }
 
-/// Closes a shared object if `arc` is its last handle.
+/// Closes a shared object if `arc` is its last handle; otherwise
+/// [`Error::InUse`] with its users counted but not named.
 pub(crate) fn close_shared<T: RawObject, K>(arc: Arc<Owned<T, K>>) -> Result<()> {
-    match Arc::try_unwrap(arc) {
-        Ok(owned) => owned.close(),
-        Err(arc) => Err(Error::InUse {
-            object: T::NAME,
-            users: Arc::strong_count(&arc) - 1,
-        }),
+    close_counted(arc, |_| None)
+}
+
+/// [`close_shared`] for an object whose keep has [`UserCounts`]
+/// (`counts`), which then names its users by kind.
+pub(crate) fn close_counted<T: RawObject, K>(
+    arc: Arc<Owned<T, K>>,
+    counts: impl Fn(&K) -> Option<&UserCounts>,
+) -> Result<()> {
+    take_last(arc, counts).and_then(Owned::close)
+}
+
+/// The object itself if `arc` is its last handle; otherwise
+/// [`Error::InUse`], its users named by `counts` when it has them.
+pub(crate) fn take_last<T: RawObject, K>(
+    arc: Arc<Owned<T, K>>,
+    counts: impl Fn(&K) -> Option<&UserCounts>,
+) -> Result<Owned<T, K>> {
+    Arc::try_unwrap(arc).map_err(|arc| in_use(T::NAME, &arc, counts(arc.keep())))
+}
+
+/// The [`Error::InUse`] for `arc`, whose other handles are its users.
+pub(crate) fn in_use<X>(object: &'static str, arc: &Arc<X>, counts: Option<&UserCounts>) -> Error {
+    let users = Arc::strong_count(arc) - 1;
+    Error::InUse {
+        object,
+        users,
+        by: counts.map_or_else(|| InUseBy::uncounted(users), |c| c.breakdown(users)),
     }
 }
 

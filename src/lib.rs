@@ -104,8 +104,10 @@ pub mod mw;
 mod pd;
 mod port;
 pub mod qp;
+mod remote;
 mod srq;
 pub mod sys;
+mod users;
 
 pub use ah::{AddressHandle, GRH_LEN};
 pub use channel::{CompletionChannel, CqEvent};
@@ -122,7 +124,9 @@ pub use mw::{MemoryWindow, MwBind, MwType};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
 pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
+pub use remote::RemoteBuf;
 pub use srq::SharedReceiveQueue;
+pub use users::{InUseBy, UserKind};
 
 #[cfg(test)]
 mod thread_safety {

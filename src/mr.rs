@@ -10,6 +10,7 @@ use crate::error::{check_ptr, Error, Result};
 use crate::handle::{Owned, RawObject};
 use crate::pd::ProtectionDomain;
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 bitflags::bitflags! {
     /// Access rights of a memory region or a QP (`enum ibv_access_flags`).
@@ -118,7 +119,9 @@ pub struct MemoryRegion {
     access: AccessFlags,
 }
 
-pub(crate) type MrInner = Owned<sys::ibv_mr, (ProtectionDomain, Buffer)>;
+/// What a region keeps: its PD, its buffer, and its entry in the PD's
+/// user counts.
+pub(crate) type MrInner = Owned<sys::ibv_mr, (ProtectionDomain, Buffer, Tally)>;
 
 impl ProtectionDomain {
     /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it.
@@ -159,8 +162,9 @@ impl MemoryRegion {
             sys::ibv_reg_mr_iova2(pd.as_ptr(), addr.cast(), len, addr as u64, access.bits())
         };
         let raw = check_ptr(VERB, raw)?;
+        let tally = Tally::new(pd.users(), UserKind::MemoryRegion, 1);
         // SAFETY: a fresh MR owned by nobody else; it keeps its PD and buffer alive.
-        let inner = unsafe { Owned::new(raw, (pd.clone(), buf)) };
+        let inner = unsafe { Owned::new(raw, (pd.clone(), buf, tally)) };
         Ok(MemoryRegion {
             inner: Arc::new(inner),
             access,

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::error::{check_ptr, Result};
-use crate::handle::{close_shared, Owned, RawObject};
+use crate::handle::{close_counted, Owned, RawObject};
 use crate::sys;
+use crate::users::{Tally, UserCounts, UserKind};
 
 impl RawObject for sys::ibv_pd {
     const DESTROY: &'static str = "ibv_dealloc_pd";
@@ -18,9 +19,12 @@ impl RawObject for sys::ibv_pd {
     }
 }
 
-/// What a PD keeps: its context.
+/// What a PD keeps: its context (and its entry in the context's user
+/// counts), and its own users' counts.
 pub(crate) struct PdKeep {
+    _tally: Tally,
     ctx: Context,
+    users: Arc<UserCounts>,
 }
 
 pub(crate) type PdInner = Owned<sys::ibv_pd, PdKeep>;
@@ -60,7 +64,11 @@ impl ProtectionDomain {
     pub fn new(ctx: &Context) -> Result<Self> {
         // SAFETY: the context is live for the call.
         let raw = check_ptr("ibv_alloc_pd", unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) })?;
-        let keep = PdKeep { ctx: ctx.clone() };
+        let keep = PdKeep {
+            _tally: Tally::new(ctx.users(), UserKind::ProtectionDomain, 1),
+            ctx: ctx.clone(),
+            users: UserCounts::new(),
+        };
         // SAFETY: `raw` is a fresh PD owned by nobody else; it keeps `ctx` alive.
         let inner = unsafe { Owned::new(raw, keep) };
         Ok(ProtectionDomain {
@@ -77,6 +85,11 @@ impl ProtectionDomain {
         &self.inner.keep().ctx
     }
 
+    /// The PD's user counts, for its children's tallies.
+    pub(crate) fn users(&self) -> &Arc<UserCounts> {
+        &self.inner.keep().users
+    }
+
     /// The kernel's handle of the PD (`handle`).
     pub fn handle(&self) -> u32 {
         // SAFETY: the PD is live; plain field read.
@@ -86,11 +99,29 @@ impl ProtectionDomain {
     /// Deallocates the PD now, reporting failure.
     ///
     /// Fails with [`Error::InUse`](crate::Error::InUse) while other handles
-    /// or objects created in it are alive; it is then deallocated when the
+    /// or objects created in it are alive (the error names them: queue
+    /// pairs, memory regions, memory windows, address handles, shared
+    /// receive queues, other handles); it is then deallocated when the
     /// last of them is dropped.
+    ///
+    /// ```no_run
+    /// use rdma_verbs::{AccessFlags, Context, Error, UserKind};
+    /// let pd = Context::open_first()?.alloc_pd()?;
+    /// let _mr = pd.register(64, AccessFlags::LOCAL_WRITE)?;
+    /// let _clone = pd.clone();
+    /// match pd.close() {
+    ///     Err(Error::InUse { users, by, .. }) => {
+    ///         assert_eq!(users, 2);
+    ///         assert_eq!(by.count(UserKind::MemoryRegion), 1);
+    ///         assert_eq!(by.to_string(), "1 memory region, 1 other handle (a clone)");
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok::<(), rdma_verbs::Error>(())
+    /// ```
     #[doc(alias = "ibv_dealloc_pd")]
     pub fn close(self) -> Result<()> {
-        close_shared(self.inner)
+        close_counted(self.inner, |k| Some(&k.users))
     }
 }
 

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{check_ptr, check_rc, Error, Result};
-use crate::handle::{close_shared, Owned, RawObject};
+use crate::handle::{close_counted, take_last, Owned, RawObject};
 use crate::pd::ProtectionDomain;
 use crate::qp::post_internal::{post_recv_chain, Kind, Ledger, Loan, RecvFacts, Scratch};
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
+use crate::users::{Tally, UserCounts, UserKind};
 
 /// The most receives an SRQ of this crate holds (the device may allow more).
 const MAX_WR: u32 = 1 << 24;
@@ -33,7 +34,10 @@ struct SrqPending {
 }
 
 struct SrqKeep {
+    _tally: Tally,
     pd: ProtectionDomain,
+    /// Its users by kind (queue pairs), for `close`'s refusal.
+    users: Arc<UserCounts>,
     max_sge: u32,
     pending: Mutex<SrqPending>,
     /// Where `post_recv` collects the caller's requests before it takes
@@ -119,7 +123,9 @@ impl SharedReceiveQueue {
         // allocates, the first included.
         let wrs = crate::qp::post_internal::chain_room(slots as u32);
         let keep = SrqKeep {
+            _tally: Tally::new(pd.users(), UserKind::SharedReceiveQueue, 1),
             pd: pd.clone(),
+            users: UserCounts::new(),
             max_sge,
             pending: Mutex::new(SrqPending {
                 ledger: Ledger::new(Kind::Srq, slots),
@@ -288,10 +294,7 @@ impl SharedReceiveQueue {
     /// device, so its receives' chunks are leaked with it.
     #[doc(alias = "ibv_destroy_srq")]
     pub fn close_and_reclaim(self) -> Result<Vec<Completed>> {
-        let owned = Arc::try_unwrap(self.inner).map_err(|arc| Error::InUse {
-            object: "shared receive queue",
-            users: Arc::strong_count(&arc) - 1,
-        })?;
+        let owned = take_last(self.inner, |k| Some(&*k.users))?;
         let keep = owned.into_keep()?;
         let mut p = keep.pending.into_inner().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
@@ -331,10 +334,15 @@ impl SharedReceiveQueue {
     }
 
     /// Destroys the SRQ now, reporting failure; [`Error::InUse`] while
-    /// clones or QPs still use it.
+    /// clones or QPs still use it (the error says how many of each).
     #[doc(alias = "ibv_destroy_srq")]
     pub fn close(self) -> Result<()> {
-        close_shared(self.inner)
+        close_counted(self.inner, |k| Some(&k.users))
+    }
+
+    /// The SRQ's user counts, for its queue pairs' tallies.
+    pub(crate) fn users(&self) -> &Arc<UserCounts> {
+        &self.inner.keep().users
     }
 
     /// Whether `other` is the same SRQ.

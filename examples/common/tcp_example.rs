@@ -18,9 +18,9 @@ use std::str::FromStr;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn};
 use rdma_verbs::{
-    CompletionQueue, Context, ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
+    CompletionQueue, Context, ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair, RemoteBuf,
 };
 
 /// What the examples' fallible steps return.
@@ -241,36 +241,27 @@ pub fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(b.try_into().expect("8 bytes"))
 }
 
-/// The big-endian `u32` in `b` (4 bytes).
-pub fn be_u32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b.try_into().expect("4 bytes"))
-}
-
 /// Bytes of [`grant`]'s record.
-pub const GRANT_LEN: usize = Endpoint::WIRE_LEN + 16;
+pub const GRANT_LEN: usize = Endpoint::WIRE_LEN + RemoteBuf::WIRE_LEN;
 
-/// The server's answer to the client: its endpoint record, then the address
-/// (big-endian u64), rkey (big-endian u32) and length (big-endian u32) of
-/// the memory the client may reach.
-pub fn grant(me: &Endpoint, remote: RemoteAddr, len: u32) -> Vec<u8> {
+/// The server's answer to the client: its endpoint record, then the wire
+/// record of the memory the client may reach ([`RemoteBuf::to_wire`]:
+/// address, rkey and length as text, NUL-terminated).
+pub fn grant(me: &Endpoint, memory: RemoteBuf) -> Vec<u8> {
     let mut reply = Vec::with_capacity(GRANT_LEN);
     reply.extend_from_slice(&me.to_wire());
-    reply.extend_from_slice(&remote.addr.to_be_bytes());
-    reply.extend_from_slice(&remote.rkey.to_be_bytes());
-    reply.extend_from_slice(&len.to_be_bytes());
+    reply.extend_from_slice(&memory.to_wire());
     reply
 }
 
-/// The server's endpoint, the memory and its length, from [`grant`]'s record.
-pub fn parse_grant(reply: &[u8; GRANT_LEN]) -> Res<(Endpoint, RemoteAddr, usize)> {
-    let w = Endpoint::WIRE_LEN;
-    let remote = Endpoint::from_wire(&reply[..w])?;
-    let memory = RemoteAddr {
-        addr: be_u64(&reply[w..w + 8]),
-        rkey: be_u32(&reply[w + 8..w + 12]),
-    };
-    let len = be_u32(&reply[w + 12..w + 16]) as usize;
-    Ok((remote, memory, len))
+/// The server's endpoint and the memory, from [`grant`]'s record; a
+/// malformed record is an error that says which half was wrong.
+pub fn parse_grant(reply: &[u8; GRANT_LEN]) -> Res<(Endpoint, RemoteBuf)> {
+    let (ep, memory) = reply.split_at(Endpoint::WIRE_LEN);
+    let remote = Endpoint::from_wire(ep).map_err(|e| format!("the server's endpoint: {e}"))?;
+    let memory =
+        RemoteBuf::from_wire(memory).map_err(|e| format!("the server's memory record: {e}"))?;
+    Ok((remote, memory))
 }
 
 // ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 //! The TCP protocol is lines of text:
 //! 1. client: `PERF1 <fingerprint>`; server: `OK` (or `ERR <why>`): both
 //!    ends were given the same test and options;
-//! 2. client: one `QP <endpoint> <addr> <rkey>` per QP; the server connects
+//! 2. client: one `QP <endpoint> <buffer>` per QP (the buffer in
+//!    [`RemoteBuf`]'s text form, `ADDR:RKEY:LEN`); the server connects
 //!    its QPs and answers with its own lines; the client connects;
 //! 3. per size: client `SIZE <n>`, server (receives posted) `READY`, the
 //!    client runs, client `DONE <ops>`, server `DONE <ops>` once its side
@@ -14,7 +15,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr, SendOpsFlags};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr, RemoteBuf, SendOpsFlags};
 use rdma_verbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, LinkLayer, MemoryRegion,
     ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
@@ -293,10 +294,15 @@ pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
         );
     }
     let limit = wait::handshake_limit();
+    let target_buf = target
+        .remote_buf()
+        .or_fail("Couldn't describe the target region")?;
     let lines: Vec<String> = local_eps
         .iter()
-        .map(|ep| format!("QP {ep} {:x} {:x}", target.addr(), target.rkey()))
+        .map(|ep| format!("QP {ep} {target_buf}"))
         .collect();
+    // The most any operation of this run reaches at the peer's address.
+    let reach = o.max_size().max(64) as u64;
     let fp = o.fingerprint();
     let mut remote_eps = Vec::with_capacity(o.qps);
     let mut remote = Vec::with_capacity(o.qps);
@@ -304,14 +310,16 @@ pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
         for _ in 0..o.qps {
             let rest = ctrl.expect("QP ", limit)?;
             let f: Vec<&str> = rest.split_whitespace().collect();
-            let [ep, addr, rkey] = f[..] else {
+            let [ep, buf] = f[..] else {
                 return Err(format!("protocol error: bad QP line '{rest}'"));
             };
             let ep: Endpoint = ep.parse().or_fail("bad endpoint from the peer")?;
-            let addr = u64::from_str_radix(addr, 16).or_fail("bad address from the peer")?;
-            let rkey = u32::from_str_radix(rkey, 16).or_fail("bad rkey from the peer")?;
+            let buf: RemoteBuf = buf.parse().or_fail("bad buffer from the peer")?;
             remote_eps.push(ep);
-            remote.push(RemoteAddr { addr, rkey });
+            remote.push(
+                buf.at(0, reach)
+                    .or_fail("the peer's buffer is smaller than this run's largest operation")?,
+            );
         }
         Ok(())
     };

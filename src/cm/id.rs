@@ -18,6 +18,7 @@ use crate::error::{check_rc, Error, Result};
 use crate::pd::ProtectionDomain;
 use crate::qp::{QpAttr, QpInitAttr, QpState, QueuePair};
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 use sys::rdma_cm_mc_join_flags as jf;
 c_enum! {
@@ -70,7 +71,7 @@ pub(crate) struct IdInner {
     /// The QP made on the id, while it lives.
     link: Mutex<Option<Arc<LinkShared>>>,
     groups: Mutex<Vec<Group>>,
-    ctx: OnceLock<Context>,
+    ctx: OnceLock<(Context, Tally)>,
     /// Set once `destroy` has run (successfully or not).
     destroyed: bool,
     /// Set by `connect`: librdmacm moves this side's QP when the connect
@@ -443,13 +444,17 @@ impl CmId {
     /// [`create_qp`](Self::create_qp) come from it.
     #[doc(alias = "verbs")]
     pub fn context(&self) -> Result<Context> {
-        if let Some(ctx) = self.inner.ctx.get() {
+        if let Some((ctx, _)) = self.inner.ctx.get() {
             return Ok(ctx.clone());
         }
         let verbs =
             NonNull::new(self.read(|id| id.verbs)).ok_or_else(|| not_on_a_device("rdma_cm_id"))?;
         let ctx = super::device::context_for(verbs)?;
-        Ok(self.inner.ctx.get_or_init(|| ctx).clone())
+        let held = self.inner.ctx.get_or_init(|| {
+            let tally = Tally::new(ctx.users(), UserKind::CmId, 1);
+            (ctx, tally)
+        });
+        Ok(held.0.clone())
     }
 
     /// The device port the id is on (0 before it is bound or resolved).
@@ -863,10 +868,8 @@ impl CmId {
     pub fn close(self) -> Result<()> {
         match Arc::try_unwrap(self.inner) {
             Ok(mut inner) => inner.destroy(),
-            Err(arc) => Err(Error::InUse {
-                object: "CM id",
-                users: Arc::strong_count(&arc) - 1,
-            }),
+            // Only its unacknowledged events hold it (CmId is not Clone).
+            Err(arc) => Err(crate::handle::in_use("CM id", &arc, None)),
         }
     }
 }

@@ -174,15 +174,16 @@ impl<F: FieldSet> PolledWc<'_, F> {
         unsafe { sys::ibv_wc_read_qp_num(self.raw()) }
     }
 
-    /// The sender's QP number (UD receives; `ibv_wc_read_src_qp`).
+    /// The sender's QP number (UD receives; `ibv_wc_read_src_qp`), its
+    /// low 24 bits (the width of the field on the wire).
     #[doc(alias = "ibv_wc_read_src_qp")]
     #[inline]
-    pub fn src_qp(&self) -> u32
+    pub fn src_qp(&self) -> crate::qp::QpNum
     where
         F: WithSrcQp,
     {
         // SAFETY: as in `byte_len`, for src_qp.
-        unsafe { sys::ibv_wc_read_src_qp(self.raw()) }
+        crate::qp::QpNum::truncate(unsafe { sys::ibv_wc_read_src_qp(self.raw()) })
     }
 
     /// The sender's LID (UD receives on InfiniBand; `ibv_wc_read_slid`).

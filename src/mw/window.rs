@@ -15,6 +15,7 @@ use crate::mr::MrInner;
 use crate::pd::ProtectionDomain;
 use crate::sys;
 use crate::sys::ibv_mw_type;
+use crate::users::{Tally, UserKind};
 
 impl RawObject for sys::ibv_mw {
     const DESTROY: &'static str = "ibv_dealloc_mw";
@@ -65,6 +66,7 @@ pub(super) struct Slot {
 /// What a window keeps alive: its PD, the regions it may reach, and the
 /// rkey of its latest bind.
 pub(crate) struct MwKeep {
+    _tally: Tally,
     pd: ProtectionDomain,
     slot: Mutex<Slot>,
     pub(super) rkey: AtomicU32,
@@ -158,6 +160,7 @@ impl MemoryWindow {
         // SAFETY: `raw` is live (just allocated); `rkey` is set by the provider.
         let rkey = unsafe { (*raw.as_ptr()).rkey };
         let keep = MwKeep {
+            _tally: Tally::new(pd.users(), UserKind::MemoryWindow, 1),
             pd: pd.clone(),
             slot: Mutex::new(Slot {
                 state: MwState::Free,

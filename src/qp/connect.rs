@@ -94,7 +94,8 @@ impl FromStr for Endpoint {
         let mut parts = s.trim_end_matches('\0').split(':');
         let mut field = |name, digits| {
             let p = parts.next().ok_or_else(|| bad_record(name))?;
-            if p.len() != digits {
+            // Hex digits only: from_str_radix would take a leading '+'.
+            if p.len() != digits || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(bad_record(name));
             }
             u64::from_str_radix(p, 16).map_err(|_| bad_record(name))
@@ -103,7 +104,12 @@ impl FromStr for Endpoint {
         let qpn = QpNum::new(field("QPN", 6)? as u32)?;
         let psn = Psn::new(field("PSN", 6)? as u32)?;
         let gid_text = parts.next().ok_or_else(|| bad_record("GID"))?;
-        if parts.next().is_some() || gid_text.len() != 32 {
+        // ASCII hex digits only, so that slicing by bytes below never cuts
+        // a multi-byte character.
+        if parts.next().is_some()
+            || gid_text.len() != 32
+            || !gid_text.bytes().all(|b| b.is_ascii_hexdigit())
+        {
             return Err(bad_record("GID"));
         }
         let mut gid = [0u8; 16];
@@ -235,7 +241,8 @@ impl QueuePair {
 
     /// Takes a QP in RESET to RTS, connected to `remote` (RC, UC), or ready
     /// to send datagrams (UD, where `remote` is not used: UD sends name
-    /// their destination). `psn` is this QP's first PSN, as announced in
+    /// their destination; [`bring_up_ud`](Self::bring_up_ud) says so without
+    /// a made-up peer). `psn` is this QP's first PSN, as announced in
     /// [`local_endpoint`](Self::local_endpoint).
     ///
     /// Each step goes through [`modify`](Self::modify), so a bad setting is
@@ -264,9 +271,13 @@ impl QueuePair {
             .port(opts.port);
         match t {
             QpType::Ud => {
-                self.modify(&init.qkey(opts.qkey))?;
-                self.modify(&QpAttr::new().state(QpState::Rtr))?;
-                return self.modify(&QpAttr::new().state(QpState::Rts).sq_psn(psn));
+                return self.bring_up_ud_with(
+                    "QueuePair::connect",
+                    opts.pkey_index,
+                    opts.port,
+                    opts.qkey,
+                    psn,
+                )
             }
             QpType::Rc | QpType::Uc => self.modify(&init.access_flags(opts.access))?,
             other => {
@@ -339,6 +350,11 @@ mod tests {
             "0000:000011:abcdef:00000000000000000000ffff0a63000g",
             "0000:000011:abcdef:00000000000000000000ffff0a630001:x",
             "zzzz:000011:abcdef:00000000000000000000ffff0a630001",
+            "+000:000011:abcdef:00000000000000000000ffff0a630001",
+            "0000:+00011:abcdef:00000000000000000000ffff0a630001",
+            "0000:000011:abcdef:+0000000000000000000ffff0a630001",
+            // 32 bytes, one character of two bytes: refused, not a panic.
+            "0000:000011:abcdef:00000000000000000000ffff0a630é1",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad:?} accepted");
         }

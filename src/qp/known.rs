@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use super::QpState;
 use crate::context::Context;
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 /// The low byte of the word: the state.
 const STATE: u64 = 0xff;
@@ -132,6 +133,9 @@ impl QpRegistry {
 /// dropped (after the QP was destroyed; a QP whose destruction failed keeps
 /// its entry, as it still exists).
 pub(crate) struct Registration {
+    /// The QP's entry in its context's user counts (the QP holds the
+    /// context through this registration).
+    _tally: Tally,
     ctx: Context,
     key: usize,
     known: Arc<Known>,
@@ -145,6 +149,7 @@ impl Registration {
         // keep is not dropped yet: the live QP replaces it.
         ctx.qp_registry().lock().insert(key, Arc::clone(known));
         Registration {
+            _tally: Tally::new(ctx.users(), UserKind::QueuePair, 1),
             ctx: ctx.clone(),
             key,
             known: Arc::clone(known),

@@ -25,9 +25,13 @@
 //!   state is checked at run time rather than being a type parameter.
 //! * [`QueuePair::connect`] takes a fresh QP to RTS against an [`Endpoint`]
 //!   (the record rdma-core's pingpong examples exchange) with sensible
-//!   defaults.
+//!   defaults; [`QueuePair::bring_up_ud`] and
+//!   [`QueuePair::bring_up_raw_packet`] (and `bring_up` on [`Qp<Ud>`](Qp)
+//!   and [`Qp<RawPacket>`](Qp)) take the connectionless transports to RTS
+//!   without a peer.
 
 mod attr;
+mod bring_up;
 mod chain;
 mod check;
 mod completed;
@@ -58,6 +62,7 @@ mod types;
 mod validate;
 mod values;
 
+pub use crate::remote::RemoteBuf;
 pub use attr::QpAttr;
 pub use completed::{Completed, Completion, PostError, RequestKind};
 pub use connect::{ConnectOptions, Endpoint};
@@ -91,6 +96,7 @@ use crate::pd::ProtectionDomain;
 use crate::port::LinkLayer;
 use crate::srq::SharedReceiveQueue;
 use crate::sys;
+use crate::users::{Tally, UserKind};
 
 impl RawObject for sys::ibv_qp {
     const DESTROY: &'static str = "ibv_destroy_qp";
@@ -233,6 +239,8 @@ impl<'a> QpInitAttr<'a> {
 /// The outstanding requests' buffers live here too, so that they are freed
 /// only after the QP is destroyed, and leaked with it if destruction fails.
 struct QpKeep {
+    /// The QP's entries in its PD's, CQs' and SRQ's user counts.
+    _tallies: [Option<Tally>; 4],
     pd: ProtectionDomain,
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
@@ -400,7 +408,17 @@ impl QueuePair {
         };
         let caps = QpCaps::from_raw(&raw_attr.cap);
         let known = Known::new(QpState::Reset);
+        let kind = UserKind::QueuePair;
+        let (scq, rcq) = (attr.send_cq, attr.recv_cq);
+        let one_cq = std::sync::Arc::ptr_eq(&scq.inner, &rcq.inner);
         let keep = QpKeep {
+            _tallies: [
+                Some(Tally::new(pd.users(), kind, 1)),
+                // One QP, holding its CQ twice when it is both.
+                Some(Tally::new(scq.users(), kind, if one_cq { 2 } else { 1 })),
+                (!one_cq).then(|| Tally::new(rcq.users(), kind, 1)),
+                attr.srq.map(|srq| Tally::new(srq.users(), kind, 1)),
+            ],
             pd: pd.clone(),
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),

@@ -65,9 +65,27 @@ impl QpNum {
         }
     }
 
+    /// The low 24 bits of `value`: what a 24-bit QP number field of a
+    /// packet or a completion (`src_qp`) can carry.
+    ///
+    /// ```
+    /// use rdma_verbs::qp::QpNum;
+    /// assert_eq!(QpNum::truncate(0x1ab_cdef).get(), 0xab_cdef);
+    /// ```
+    pub fn truncate(value: u32) -> Self {
+        QpNum(value & 0xff_ffff)
+    }
+
     /// The value.
     pub fn get(self) -> u32 {
         self.0
+    }
+}
+
+impl fmt::Display for QpNum {
+    /// The number in hex, as `ibv_*_pingpong` print it (`0x0000b1`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#08x}", self.0)
     }
 }
 

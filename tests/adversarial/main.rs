@@ -16,6 +16,7 @@ mod gid;
 mod hardening;
 mod mw;
 mod predict;
+mod wire;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
@@ -26,6 +27,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(predict::TESTS);
     tests.extend_from_slice(hardening::TESTS);
+    tests.extend_from_slice(wire::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]

@@ -178,7 +178,8 @@ pub fn ex_rc_pair(env: &Env, access: rdma_verbs::AccessFlags) -> Result<Pair, Fa
     Ok(Pair { pd, cq, a, b })
 }
 
-/// Takes two fresh QPs to RTS, connected to each other.
+/// Takes two fresh QPs to RTS, connected to each other (UD: each brought
+/// up on its own, with the Q_Key of [`opts`]).
 pub fn connect(
     env: &Env,
     a: &mut rdma_verbs::QueuePair,
@@ -187,6 +188,12 @@ pub fn connect(
 ) -> Result<(), Failed> {
     use rdma_verbs::qp::Psn;
     let o = opts(env, access);
+    if a.qp_type() == rdma_verbs::QpType::Ud && b.qp_type() == rdma_verbs::QpType::Ud {
+        // Datagrams need no peer: each send names its destination.
+        a.bring_up_ud(o.port, o.qkey, Psn::new(100)?)?;
+        b.bring_up_ud(o.port, o.qkey, Psn::new(200)?)?;
+        return Ok(());
+    }
     let (ea, eb) = (
         a.local_endpoint(&o, Psn::new(100)?)?,
         b.local_endpoint(&o, Psn::new(200)?)?,

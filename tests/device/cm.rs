@@ -548,7 +548,7 @@ fn ud_connect(env: &Env) -> Result<(), Failed> {
     let mut reply = inbox;
     reply.as_mut_slice()[..5].copy_from_slice(b"reply");
     s.qp.post_send([SendWr::new(5, SendOp::Send)
-        .ud(&back, QpNum::new(wc.src_qp())?, QKey(ud.qkey))
+        .ud(&back, wc.src_qp(), QKey(ud.qkey))
         .sge_len(reply, 5)])?;
     let wc = poll_n(&c.cq, 1)?.pop().ok_or("no reply")?;
     ensure!(wc.is_success() && wc.byte_len() == 45, "reply {wc:?}");

@@ -243,9 +243,13 @@ fn close_reports_in_use(env: &Env) -> Result<(), Failed> {
     let ctx = Context::open(env.ctx.name())?;
     let pd = ctx.alloc_pd()?;
     match ctx.clone().close() {
-        Err(Error::InUse { object, users }) => {
+        Err(Error::InUse { object, users, by }) => {
             ensure!(object == "device context", "object {object}");
             ensure!(users >= 2, "users {users}");
+            ensure!(
+                by.count(rdma_verbs::UserKind::ProtectionDomain) == 1 && by.others() >= 1,
+                "users named as {by}"
+            );
         }
         other => return Err(format!("expected InUse, got {other:?}").into()),
     }

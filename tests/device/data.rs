@@ -552,7 +552,7 @@ fn ud_with_ah(env: &Env) -> Result<(), Failed> {
         ensure!(wc.is_success(), "{wc:?}");
         let back = reclaim(&mut [&mut p.a, &mut p.b], wc);
         if wc.qp_num() == p.b.qp_num() {
-            ensure!(wc.src_qp() == p.a.qp_num(), "src_qp {:#x}", wc.src_qp());
+            ensure!(wc.src_qp().get() == p.a.qp_num(), "src_qp {}", wc.src_qp());
             ensure!(wc.imm_data() == Some(42), "imm {:?}", wc.imm_data());
             ensure!(
                 wc.byte_len() == 40 + 9,
@@ -674,7 +674,7 @@ fn channel_events(env: &Env) -> Result<(), Failed> {
     let mut a = pd.create_qp(&QpInitAttr::new(QpType::Ud, &cq, &cq))?;
     let o = opts(env, AccessFlags::empty());
     let ea = a.local_endpoint(&o, Psn::new(1)?)?;
-    a.connect(&o, ea.psn, &ea)?;
+    a.bring_up_ud(o.port, o.qkey, ea.psn)?;
     channel.set_nonblocking(true)?;
     match channel.get_event() {
         Err(e) => ensure!(e.errno() == Some(libc::EAGAIN), "no event pending: {e}"),

@@ -5,23 +5,29 @@
 #[macro_use]
 mod common;
 
+mod bring_up;
 #[cfg(feature = "cm")]
 mod cm;
 mod context;
 mod cq_ex;
 mod data;
 mod ex;
+mod in_use;
 mod modify;
 mod mw;
 mod objects;
 mod port_cache;
 mod qp;
+mod remote;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(context::TESTS);
     tests.extend_from_slice(objects::TESTS);
+    tests.extend_from_slice(in_use::TESTS);
     tests.extend_from_slice(qp::TESTS);
+    tests.extend_from_slice(bring_up::TESTS);
+    tests.extend_from_slice(remote::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(ex::TESTS);

@@ -111,8 +111,13 @@ fn mr_outlives_its_pd_handle(env: &Env) -> Result<(), Failed> {
         Err(Error::InUse {
             object: "protection domain",
             users,
+            by,
         }) => {
-            ensure!(users == 2, "users {users}")
+            ensure!(users == 2, "users {users}");
+            ensure!(
+                by.to_string() == "1 memory region, 1 other handle (a clone)",
+                "users named as {by}"
+            );
         }
         other => return Err(format!("closing a PD with an MR: {other:?}").into()),
     }
