@@ -44,6 +44,7 @@ mod mask;
 mod modify;
 mod post;
 mod reclaim;
+mod recv_buffers;
 mod request;
 
 /// Pieces of the data path the SRQ shares.
@@ -73,6 +74,7 @@ pub(crate) use known::{Known, QpRegistry};
 pub use mask::QpAttrMask;
 pub(crate) use post::fail as post_error;
 pub use query::{QpAttributes, QpInitAttributes};
+pub use recv_buffers::{Received, RecvBuffers, Taken};
 pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use table::{transition_rule, TransitionRule};
 pub use typed::{

@@ -6,6 +6,7 @@
 mod common;
 
 mod bring_up;
+mod by_value;
 #[cfg(feature = "cm")]
 mod cm;
 mod context;
@@ -30,6 +31,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(remote::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
+    tests.extend_from_slice(by_value::TESTS);
     tests.extend_from_slice(ex::TESTS);
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);

@@ -1,0 +1,270 @@
+//! Getting requests back by value: `QueuePair::reclaim_one`, the request
+//! kind a completion and a `Completed` report (failed ones too), and the
+//! queue-owned receive buffers (`RecvBuffers`).
+
+use libtest_mimic::Failed;
+use rdma_verbs::qp::*;
+use rdma_verbs::{AccessFlags, QpType, WcOpcode};
+
+use crate::common::{pair, poll_n, Env, TestFn};
+
+pub const TESTS: &[(&str, TestFn)] = &[
+    (
+        "by_value::reclaim_one_hands_back_the_request_to_repost",
+        reclaim_one_reposts,
+    ),
+    (
+        "by_value::a_flushed_receive_shows_its_kind_and_the_callers_id",
+        flushed_kind,
+    ),
+    (
+        "by_value::recv_buffers_lend_the_bytes_and_post_again",
+        recv_buffers,
+    ),
+    (
+        "by_value::recv_buffers_come_back_from_a_reset",
+        recv_buffers_reset,
+    ),
+];
+
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    }
+}
+
+/// Ten round trips where every receive's chunk is posted again straight
+/// from `reclaim_one` (no callback, no collection), and a send completion
+/// that also ends earlier unsignalled sends leaves them in
+/// `take_released`.
+fn reclaim_one_reposts(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    for c in p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)? {
+        p.b.post_recv([RecvWr::new(100).sge(c)])?;
+    }
+    let mut sent =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    for round in 0..10u8 {
+        sent.as_mut_slice()[0] = round;
+        p.a.post_send([SendWr::new(u64::from(round), SendOp::Send).sge(sent)])?;
+        let wcs = poll_n(&p.cq, 2)?;
+        let mut got_send = None;
+        for wc in &wcs {
+            ensure!(wc.is_success(), "{wc:?}");
+            if wc.qp_num() == p.a.qp_num() {
+                ensure!(wc.request_kind() == Some(RequestKind::Send), "{wc:?}");
+                let done = p.a.reclaim_one(wc).ok_or("the send ended nothing")?;
+                ensure!(
+                    done.wr_id == u64::from(round)
+                        && done.kind == RequestKind::Send
+                        && done.signaled,
+                    "{done:?}"
+                );
+                got_send = done.into_chunk();
+                ensure!(p.a.reclaim_one(wc).is_none(), "reclaimed twice");
+            } else {
+                ensure!(wc.request_kind() == Some(RequestKind::Recv), "{wc:?}");
+                let done = p.b.reclaim_one(wc).ok_or("the receive ended nothing")?;
+                ensure!(
+                    done.wr_id == 100 && done.kind == RequestKind::Recv,
+                    "{done:?}"
+                );
+                let chunk = done.into_chunk().ok_or("no chunk")?;
+                ensure!(
+                    chunk.as_slice()[0] == round,
+                    "received {}",
+                    chunk.as_slice()[0]
+                );
+                // Reposted at once: the QP is not borrowed.
+                p.b.post_recv([RecvWr::new(100).sge(chunk)])?;
+            }
+        }
+        sent = got_send.ok_or("no send chunk back")?;
+    }
+    // Three unsignalled sends, then a signalled one: reclaim_one hands back
+    // the signalled one, the earlier three wait in take_released.
+    // Receives for all five (two are posted already).
+    for c in p.pd.alloc_chunks(3, 64, AccessFlags::LOCAL_WRITE)? {
+        p.b.post_recv([RecvWr::new(100).sge(c)])?;
+    }
+    let mut more = p.pd.alloc_chunks(4, 64, AccessFlags::LOCAL_WRITE)?;
+    more.push(sent);
+    let last = more.pop().ok_or("no chunk")?;
+    p.a.post_send(
+        more.into_iter()
+            .enumerate()
+            .map(|(i, c)| SendWr::new(50 + i as u64, SendOp::Send).sge(c).unsignaled())
+            .chain([SendWr::new(99, SendOp::Send).sge(last)]),
+    )?;
+    let wcs = poll_n(&p.cq, 6)?;
+    let mut earlier = Vec::new();
+    for wc in &wcs {
+        if wc.qp_num() == p.a.qp_num() {
+            let done = p.a.reclaim_one(wc).ok_or("nothing")?;
+            ensure!(done.wr_id == 99 && done.signaled, "{done:?}");
+            earlier = p.a.take_released();
+        } else {
+            p.b.reclaim_one(wc).ok_or("receive ended nothing")?;
+        }
+    }
+    let ids: Vec<(u64, bool)> = earlier.iter().map(|c| (c.wr_id, c.signaled)).collect();
+    ensure!(
+        ids == [(50, false), (51, false), (52, false), (53, false)],
+        "earlier sends: {ids:?}"
+    );
+    ensure!(
+        p.a.outstanding_sends() == 0,
+        "{} sends outstanding",
+        p.a.outstanding_sends()
+    );
+    Ok(())
+}
+
+/// A receive flushed by ERR: its opcode is undefined (the crate says
+/// so), but its kind and the caller's id come back.
+fn flushed_kind(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let c =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    p.b.post_recv([RecvWr::new(4242).sge(c)])?;
+    p.b.modify(&QpAttr::new().state(rdma_verbs::QpState::Err))?;
+    let wcs = poll_n(&p.cq, 1)?;
+    let wc = &wcs[0];
+    ensure!(!wc.is_success(), "{wc:?}");
+    ensure!(
+        wc.opcode().is_err(),
+        "a flushed completion's opcode: {:?}",
+        wc.opcode()
+    );
+    ensure!(wc.request_kind() == Some(RequestKind::Recv), "{wc:?}");
+    let shown = format!("{wc:?}");
+    ensure!(
+        shown.contains("request: Recv") && !shown.contains("opcode"),
+        "{shown}"
+    );
+    let done = p.b.reclaim_one(wc).ok_or("the flush ended nothing")?;
+    ensure!(
+        done.wr_id == 4242 && done.kind == RequestKind::Recv && done.into_chunk().is_some(),
+        "flushed receive came back wrong"
+    );
+    Ok(())
+}
+
+/// A pool of four buffers kept posted on the receiving QP through twelve
+/// messages: each completion lends the bytes, dropping the loan frees the
+/// buffer, and one post call reposts all that are free.
+fn recv_buffers(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    ensure!(
+        RecvBuffers::new(&p.pd, 0, 64).is_err(),
+        "a pool of 0 buffers"
+    );
+    ensure!(RecvBuffers::new(&p.pd, 4, 0).is_err(), "buffers of 0 bytes");
+    let mut bufs = RecvBuffers::new(&p.pd, 4, 256)?;
+    ensure!(bufs.post(&mut p.b)? == 4, "posted");
+    ensure!(bufs.post(&mut p.b)? == 0, "nothing free: nothing posted");
+    ensure!(
+        bufs.posted() == 4 && p.b.outstanding_recvs() == 4,
+        "posted {}",
+        bufs.posted()
+    );
+    let mut src =
+        p.pd.alloc_chunks(1, 256, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    let mut free = 0;
+    for i in 0..12u8 {
+        let len = 10 + usize::from(i);
+        src.as_mut_slice()[..len].fill(i);
+        p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(src, len)])?;
+        let wcs = poll_n(&p.cq, 2)?;
+        let mut back = None;
+        for wc in &wcs {
+            if wc.qp_num() == p.a.qp_num() {
+                back = p.a.reclaim_one(wc).and_then(Completed::into_chunk);
+                continue;
+            }
+            ensure!(wc.opcode() == Ok(WcOpcode::Recv), "{wc:?}");
+            match bufs.take(&mut p.b, wc) {
+                Taken::Mine(msg) => {
+                    ensure!(msg.is_success() && msg.len() == len, "{} bytes", msg.len());
+                    ensure!(msg.iter().all(|&b| b == i), "bytes {:?}", &msg[..]);
+                }
+                other => return Err(format!("not the pool's: {other:?}").into()),
+            }
+            free += 1;
+            ensure!(
+                bufs.free() == free,
+                "{} free after the loan ended, not {free}",
+                bufs.free()
+            );
+            // The same completion again ends nothing.
+            ensure!(
+                matches!(bufs.take(&mut p.b, wc), Taken::Nothing),
+                "taken twice"
+            );
+        }
+        src = back.ok_or("no send chunk back")?;
+        if i % 3 == 2 {
+            ensure!(bufs.post(&mut p.b)? == free, "reposted");
+            free = 0;
+        }
+    }
+    ensure!(
+        bufs.free() + bufs.posted() == 4,
+        "{} free, {} posted",
+        bufs.free(),
+        bufs.posted()
+    );
+    // A completion of the other QP is not the pool's, and is handed back whole.
+    p.a.post_send([SendWr::new(7, SendOp::Send).sge_len(src, 8)])?;
+    let wcs = poll_n(&p.cq, 2)?;
+    for wc in &wcs {
+        if wc.qp_num() == p.a.qp_num() {
+            match bufs.take(&mut p.a, wc) {
+                Taken::Other(c) => {
+                    ensure!(c.wr_id == 7 && c.into_chunk().is_some(), "wrong request")
+                }
+                other => return Err(format!("a send taken as {other:?}").into()),
+            }
+        } else if let Taken::Mine(msg) = bufs.take(&mut p.b, wc) {
+            ensure!(msg.len() == 8, "{}", msg.len());
+        }
+    }
+    Ok(())
+}
+
+/// Buffers posted when the QP is reset come back through `give_back`.
+fn recv_buffers_reset(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let mut bufs = RecvBuffers::new(&p.pd, 3, 64)?;
+    bufs.post(&mut p.b)?;
+    let mut mine = RecvWr::new(5);
+    mine = mine.sge(
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?,
+    );
+    p.b.post_recv([mine])?;
+    let back = p.b.reset()?;
+    ensure!(back.len() == 4, "{} back", back.len());
+    let mut others = 0;
+    for c in back {
+        if let Err(c) = bufs.give_back(c) {
+            ensure!(c.wr_id == 5, "{c:?}");
+            others += 1;
+        }
+    }
+    ensure!(
+        others == 1 && bufs.free() == 3 && bufs.posted() == 0,
+        "{} free",
+        bufs.free()
+    );
+    Ok(())
+}
