@@ -111,7 +111,7 @@ pub(crate) enum Data<'a> {
 
 impl<'a> Data<'a> {
     /// Adds `lent` (its first `len` bytes) as the next entry.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&mut self, lent: Lent, len: usize) {
         if let Data::None = self {
             if len <= lent.chunk().len() && len <= u32::MAX as usize {

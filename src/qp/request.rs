@@ -157,7 +157,7 @@ pub struct SendWr<'a> {
 impl<'a> SendWr<'a> {
     /// A signalled request `op` with the caller's `wr_id` (handed back in
     /// [`Completed::wr_id`](super::Completed::wr_id)).
-    #[inline]
+    #[inline(always)]
     pub fn new(wr_id: u64, op: SendOp) -> Self {
         SendWr {
             wr_id,
@@ -169,7 +169,7 @@ impl<'a> SendWr<'a> {
     }
 
     /// Adds a whole chunk as the next scatter/gather entry.
-    #[inline]
+    #[inline(always)]
     pub fn sge(self, chunk: Chunk) -> Self {
         let len = chunk.len();
         self.sge_len(chunk, len)
@@ -178,7 +178,7 @@ impl<'a> SendWr<'a> {
     /// Adds the first `len` bytes of a chunk as the next entry. A length
     /// past the chunk's end (or above `u32::MAX`) is refused when the
     /// request is posted, with the chunk handed back.
-    #[inline]
+    #[inline(always)]
     pub fn sge_len(mut self, chunk: Chunk, len: usize) -> Self {
         self.data.push(Lent::Own(chunk), len);
         self
@@ -202,7 +202,7 @@ impl<'a> SendWr<'a> {
     /// }))?;
     /// # Ok(()) }
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn sge_shared(mut self, shared: &SharedChunk, len: usize) -> Self {
         self.data.push(Lent::Shared(shared.clone()), len);
         self
@@ -211,7 +211,7 @@ impl<'a> SendWr<'a> {
     /// Sends `data` inline (`IBV_SEND_INLINE`): the provider copies it during
     /// the post, so it is only borrowed. For sends and RDMA writes, up to the
     /// QP's `max_inline_data`; not with chunks.
-    #[inline]
+    #[inline(always)]
     pub fn inline(mut self, data: &'a [u8]) -> Self {
         self.data.set_inline(data);
         self.flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
@@ -220,28 +220,28 @@ impl<'a> SendWr<'a> {
 
     /// No completion for this request on success (clears `IBV_SEND_SIGNALED`);
     /// its chunks come back with the next signalled completion.
-    #[inline]
+    #[inline(always)]
     pub fn unsignaled(mut self) -> Self {
         self.flags &= !sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         self
     }
 
     /// `IBV_SEND_SOLICITED`: wake a peer waiting for solicited events.
-    #[inline]
+    #[inline(always)]
     pub fn solicited(mut self) -> Self {
         self.flags |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
         self
     }
 
     /// `IBV_SEND_FENCE`: wait for earlier RDMA reads and atomics first.
-    #[inline]
+    #[inline(always)]
     pub fn fence(mut self) -> Self {
         self.flags |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
         self
     }
 
     /// The UD destination: address handle, remote QP number and Q_Key.
-    #[inline]
+    #[inline(always)]
     pub fn ud(mut self, ah: &AddressHandle, remote_qpn: QpNum, remote_qkey: QKey) -> Self {
         self.ud = Some((ah.clone(), remote_qpn, remote_qkey));
         self
@@ -289,7 +289,7 @@ pub struct RecvWr {
 impl RecvWr {
     /// A receive with the caller's `wr_id` (and no buffer until
     /// [`sge`](Self::sge) adds one).
-    #[inline]
+    #[inline(always)]
     pub fn new(wr_id: u64) -> Self {
         RecvWr {
             wr_id,
@@ -298,7 +298,7 @@ impl RecvWr {
     }
 
     /// Adds a whole chunk as the next scatter entry.
-    #[inline]
+    #[inline(always)]
     pub fn sge(mut self, chunk: Chunk) -> Self {
         let len = chunk.len();
         self.data.push(Lent::Own(chunk), len);
