@@ -4,7 +4,7 @@
 //! after a RESET or the QP's destruction.
 
 use super::completed::{Completed, Completion};
-use super::entries::Loan;
+use super::entries::{Loan, SendLoan};
 use super::ledger::Kind;
 use super::post::Pending;
 use super::{QpState, QpType, QueuePair};
@@ -24,16 +24,7 @@ impl Pending {
         let (send, side) = self.send_and_side();
         send.complete(tag, |r| {
             let loan = match r.payload {
-                Loan::Side => {
-                    let (loan, _ah, mw) = std::mem::take(&mut side[r.slot]);
-                    // A window bind or invalidation ran if its completion
-                    // (or a later one: send queues stop at an error)
-                    // succeeded; the window's state follows.
-                    if let Some(mut mw) = mw {
-                        mw.settle(ok || !r.own);
-                    }
-                    loan
-                }
+                Loan::Side => side_loan(side, r.slot, ok || !r.own),
                 loan => loan,
             };
             on(r.wr_id, r.own, Kind::Send, loan)
@@ -50,6 +41,19 @@ impl Pending {
         self.recv_mut()
             .complete(tag, |r| on(r.wr_id, r.own, Kind::Recv, r.payload))
     }
+}
+
+/// What a send kept in the side table at `slot`, taken out: a window
+/// bind or invalidation ran (`ran`) if its completion, or a later one,
+/// succeeded (send queues stop at an error), and the window's state
+/// follows; an address handle is let go.
+#[inline(never)]
+fn side_loan(side: &mut [SendLoan], slot: usize, ran: bool) -> Loan {
+    let (loan, _ah, mw) = std::mem::take(&mut side[slot]);
+    if let Some(mut mw) = mw {
+        mw.settle(ran);
+    }
+    loan
 }
 
 impl QueuePair {

@@ -323,6 +323,14 @@ mod tests {
 
     #[test]
     fn the_common_request_and_a_loan_are_small() {
+        eprintln!(
+            "sizes: SendWr {}, SendOp {}, Data {}, RecvWr {}, Completed {}",
+            std::mem::size_of::<SendWr<'_>>(),
+            std::mem::size_of::<SendOp>(),
+            std::mem::size_of::<super::super::entries::Data<'_>>(),
+            std::mem::size_of::<RecvWr>(),
+            std::mem::size_of::<Completed>()
+        );
         assert_eq!(std::mem::size_of::<Loan>(), 32);
         assert_eq!(std::mem::size_of::<Option<Loan>>(), 32);
         assert!(

@@ -25,6 +25,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "by_value::recv_buffers_come_back_from_a_reset",
         recv_buffers_reset,
     ),
+    (
+        "by_value::bookkeeping_is_48_bytes_a_queue_slot",
+        bookkeeping_bytes,
+    ),
 ];
 
 fn caps() -> QpCaps {
@@ -265,6 +269,35 @@ fn recv_buffers_reset(env: &Env) -> Result<(), Failed> {
         others == 1 && bufs.free() == 3 && bufs.posted() == 0,
         "{} free",
         bufs.free()
+    );
+    Ok(())
+}
+
+/// A 256/256 QP's data-path bookkeeping: 48 bytes per queue slot in the
+/// ledgers, plus raw-request scratch for chains of eight (reported).
+fn bookkeeping_bytes(env: &Env) -> Result<(), Failed> {
+    let caps = QpCaps {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        ..QpCaps::default()
+    };
+    let p = pair(env, QpType::Rc, caps, AccessFlags::empty())?;
+    let got = p.a.caps();
+    let slots = (got.max_send_wr as usize).next_power_of_two()
+        + (got.max_recv_wr as usize).next_power_of_two();
+    let bytes = p.a.bookkeeping_bytes();
+    // Scratch: 8 raw sends (128 B) and 8 raw receives (32 B), 4 entries each.
+    let scratch = 8 * (128 + 32) + 2 * 8 * 4 * 16;
+    eprintln!(
+        "bookkeeping: {bytes} bytes for a {}/{} QP ({slots} slots): {:.1} bytes a slot, {} without the scratch",
+        got.max_send_wr,
+        got.max_recv_wr,
+        bytes as f64 / slots as f64,
+        bytes.saturating_sub(scratch) / slots
+    );
+    ensure!(
+        bytes <= 48 * slots + scratch,
+        "{bytes} bytes for {slots} slots"
     );
     Ok(())
 }
