@@ -11,7 +11,7 @@
 
 use std::marker::PhantomData;
 
-use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
+use rdma_verbs::qp::{RecvWr, SendOp, SendTemplate, SendWr};
 use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WcOpcode, WorkCompletion};
 
 use crate::opts::Test;
@@ -30,6 +30,8 @@ struct Buffers {
     shared: Option<SharedChunk>,
     /// The bytes of inline sends and writes (copied by the provider).
     inline: Vec<u8>,
+    /// `shared`'s requests, checked once (the basic path).
+    template: Option<SendTemplate>,
 }
 
 impl Buffers {
@@ -67,12 +69,19 @@ pub trait Submit {
         qp: &mut QueuePair,
         wrs: I,
     ) -> Result<(), Refused>;
+
+    /// Whether a stream from one shared source goes through a
+    /// [`SendTemplate`] (`QueuePair::post_template`) rather than one
+    /// `SendWr` per request.
+    const TEMPLATES: bool = false;
 }
 
 /// `QueuePair::post_send`: the requests as one chain.
 pub struct Basic;
 
 impl Submit for Basic {
+    const TEMPLATES: bool = true;
+
     #[inline]
     fn submit<'a, I: IntoIterator<Item = SendWr<'a>>>(
         qp: &mut QueuePair,
@@ -204,10 +213,20 @@ impl<S: Submit> DataPath for SafePath<S> {
                 }
                 _ => None,
             };
+            let op = Op::of(plan, self.conn.remote[q]);
+            let template = match &shared {
+                Some(src) if S::TEMPLATES && !plan.inline => Some(
+                    self.conn.qps[q]
+                        .send_template(send_op(op), Some((src, len)))
+                        .or_fail("Couldn't make the send template")?,
+                ),
+                _ => None,
+            };
             self.bufs.push(Buffers {
                 pool,
                 shared,
                 inline: vec![0; len],
+                template,
             });
             let rx = if plan.rx_bufs > 0 {
                 self.conn
@@ -241,6 +260,14 @@ impl<S: Submit> DataPath for SafePath<S> {
                 }),
             )
             .map_err(|(msg, _)| msg);
+        }
+        if let Some(t) = &bufs.template {
+            return qp
+                .post_template(
+                    t,
+                    (first..first + n as u64).map(|seq| (seq, plan.signaled(seq))),
+                )
+                .map_err(|e| format!("Couldn't post send: {e}"));
         }
         if let Some(src) = &bufs.shared {
             return S::submit(

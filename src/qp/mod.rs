@@ -46,6 +46,7 @@ mod post;
 mod reclaim;
 mod recv_buffers;
 mod request;
+mod template;
 
 /// Pieces of the data path the SRQ shares.
 pub(crate) mod post_internal {
@@ -77,6 +78,7 @@ pub use query::{QpAttributes, QpInitAttributes};
 pub use recv_buffers::{Received, RecvBuffers, Taken};
 pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
 pub use table::{transition_rule, TransitionRule};
+pub use template::SendTemplate;
 pub use typed::{
     InitToInit, InitToRtr, Modify, Qp, RawPacket, Rc, ResetToInit, RtrToRts, RtsToRts, RtsToSqd,
     SqdToRts, SqdToSqd, SqeToRts, ToErr, ToReset, Transport, Uc, Ud,

@@ -120,9 +120,9 @@ pub(crate) struct Pending {
     /// Per send slot: what a UD send or a memory-window request lends
     /// beside its entries ([`Loan::Side`]). Empty until a QP first needs it
     /// (UD QPs: at creation), then one entry per send slot.
-    side: Vec<SendLoan>,
+    pub(super) side: Vec<SendLoan>,
     released: Vec<Completed>,
-    sq: Scratch<sys::ibv_send_wr>,
+    pub(super) sq: Scratch<sys::ibv_send_wr>,
     rq: Scratch<sys::ibv_recv_wr>,
     pub(super) facts: SendFacts,
     recv_facts: RecvFacts,
@@ -361,6 +361,16 @@ pub(super) fn send_state_error(verb: &'static str, state: QpState) -> Option<Err
 }
 
 impl QueuePair {
+    /// The refusal of a send call from the known state or a leaked batch,
+    /// read the way the post paths read it (a bool first).
+    #[inline]
+    pub(super) fn send_refusal_if_any(&self, verb: &'static str) -> Option<Error> {
+        if self.pending().batch_open || !sends_in(self.state()) {
+            return self.send_refusal(verb);
+        }
+        None
+    }
+
     /// Posts one request that lends no chunks (a memory-window bind or
     /// invalidation): records `loan` under a fresh tag in the send ledger,
     /// then `call(tag)` hands it to the provider. No room: refused with the

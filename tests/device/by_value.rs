@@ -29,6 +29,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "by_value::bookkeeping_is_48_bytes_a_queue_slot",
         bookkeeping_bytes,
     ),
+    (
+        "by_value::send_templates_post_streams_and_refuse_misuse",
+        templates,
+    ),
 ];
 
 fn caps() -> QpCaps {
@@ -298,6 +302,79 @@ fn bookkeeping_bytes(env: &Env) -> Result<(), Failed> {
     ensure!(
         bytes <= 48 * slots + scratch,
         "{bytes} bytes for {slots} slots"
+    );
+    Ok(())
+}
+
+/// A template of an RDMA write posted 12 times (one signalled): the
+/// bytes land, the source's clones come back; misuse is refused before
+/// any call.
+fn templates(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::SharedChunk;
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
+    let target = crate::common::remote_region(&p.pd, 64)?;
+    let remote = RemoteAddr {
+        addr: target.addr(),
+        rkey: target.rkey(),
+    };
+    let mut c =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    c.as_mut_slice().fill(0x5a);
+    let src = SharedChunk::new(c);
+    // Refused: reads and atomics write their local entries.
+    ensure!(
+        p.a.send_template(SendOp::RdmaRead(remote), Some((&src, 64)))
+            .is_err(),
+        "an RDMA read template"
+    );
+    // Refused: a source length past the chunk.
+    ensure!(
+        p.a.send_template(SendOp::RdmaWrite(remote), Some((&src, 65)))
+            .is_err(),
+        "65 bytes of a 64-byte source"
+    );
+    let t =
+        p.a.send_template(SendOp::RdmaWrite(remote), Some((&src, 64)))?;
+    // Refused: another QP.
+    let e =
+        p.b.post_template(&t, [(1, true)])
+            .expect_err("another QP's template");
+    ensure!(e.posted == 0 && p.b.outstanding_sends() == 0, "{e}");
+    // Refused: more than the send queue holds.
+    let room = p.a.caps().max_send_wr as u64;
+    let e =
+        p.a.post_template(&t, (0..room + 1).map(|i| (i, true)))
+            .expect_err("past the room");
+    ensure!(e.posted == 0 && p.a.outstanding_sends() == 0, "{e}");
+    ensure!(
+        src.holders() == 2,
+        "{} holders after refusals",
+        src.holders()
+    );
+    p.a.post_template(&t, std::iter::empty())?;
+    p.a.post_template(&t, (0..12).map(|i| (i, i == 11)))?;
+    ensure!(p.a.outstanding_sends() == 12, "{}", p.a.outstanding_sends());
+    let wcs = poll_n(&p.cq, 1)?;
+    ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    let mut ids = Vec::new();
+    ensure!(
+        p.a.reclaim(&wcs[0], |c| ids.push(c.wr_id)) == 12,
+        "ended {ids:?}"
+    );
+    ensure!(ids == (0..12).collect::<Vec<_>>(), "{ids:?}");
+    drop(t);
+    ensure!(src.holders() == 1, "{} holders left", src.holders());
+    let mut got = [0u8; 64];
+    target.read(0, &mut got)?;
+    ensure!(got.iter().all(|&b| b == 0x5a), "the write did not land");
+    // Refused: below RTS.
+    let t = p.a.send_template(SendOp::Send, None)?;
+    p.a.reset()?;
+    ensure!(
+        p.a.post_template(&t, [(1, true)]).is_err(),
+        "a template posted in RESET"
     );
     Ok(())
 }

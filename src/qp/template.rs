@@ -1,0 +1,180 @@
+//! Send templates: a send or RDMA write checked once against its QP, then
+//! posted any number of times with only a `wr_id` and the signalled flag
+//! per request ([`QueuePair::post_template`]). For streams from one
+//! read-only source ([`SharedChunk`]) or with no data, where the per-request
+//! checks of [`QueuePair::post_send`] would only repeat themselves.
+
+use std::ffi::c_int;
+
+use super::chain::{post_chain, refuse_all, Chain};
+use super::completed::PostError;
+use super::entries::{Lent, Loan};
+use super::request::{SendOp, SendWr};
+use super::QueuePair;
+use crate::error::{Error, Result};
+use crate::mr::SharedChunk;
+use crate::sys;
+
+/// A send or RDMA write (with or without immediate data) from one
+/// read-only [`SharedChunk`] (or with no data), checked once against the
+/// QP it was made for ([`QueuePair::send_template`]).
+///
+/// Each request posted from it holds a clone of the source until it ends,
+/// as [`SendWr::sge_shared`] does.
+///
+/// ```no_run
+/// # fn f(qp: &mut rdma_verbs::QueuePair, src: &rdma_verbs::SharedChunk,
+/// #      remote: rdma_verbs::qp::RemoteAddr) -> Result<(), Box<dyn std::error::Error>> {
+/// use rdma_verbs::qp::SendOp;
+/// let write = qp.send_template(SendOp::RdmaWrite(remote), Some((src, 64)))?;
+/// // 16 writes, only the last signalled.
+/// qp.post_template(&write, (0..16).map(|i| (i, i == 15)))?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SendTemplate {
+    op: SendOp,
+    src: Option<(SharedChunk, u32)>,
+    /// The QP it was checked for (its address: compared, never followed).
+    qp: usize,
+}
+
+impl QueuePair {
+    /// Checks a send or RDMA write once (as [`post_send`](Self::post_send)
+    /// would check it: the operation against the transport, the source's
+    /// PD and length), for [`post_template`](Self::post_template). Refused:
+    /// RDMA READ and atomics (their local entries are written: they need
+    /// owned chunks), SEND_WITH_INV, UD QPs (each datagram names its
+    /// destination), and what `post_send` refuses.
+    #[doc(alias = "ibv_send_wr")]
+    pub fn send_template(
+        &self,
+        op: SendOp,
+        src: Option<(&SharedChunk, usize)>,
+    ) -> Result<SendTemplate> {
+        const VERB: &str = "ibv_post_send";
+        if !matches!(
+            op,
+            SendOp::Send
+                | SendOp::SendWithImm(_)
+                | SendOp::RdmaWrite(_)
+                | SendOp::RdmaWriteWithImm(..)
+        ) {
+            return Err(Error::invalid(
+                VERB,
+                format!("a template is a send or an RDMA write, not {}", op.name()),
+            ));
+        }
+        let facts = self.pending().facts;
+        let mut wr = SendWr::new(0, op);
+        if let Some((s, len)) = src {
+            wr = wr.sge_shared(s, len);
+        }
+        if !facts.fast(&wr) {
+            facts.check(&wr)?;
+            // What the full check lets through beyond the fast one is a UD
+            // send (which needs a destination per request).
+            return Err(Error::invalid(VERB, "no templates on UD QPs"));
+        }
+        Ok(SendTemplate {
+            op,
+            src: src.map(|(s, len)| (s.clone(), len as u32)),
+            qp: self.as_ptr() as usize,
+        })
+    }
+
+    /// Posts one request per `(wr_id, signaled)` of `reqs` from template
+    /// `t`, in one `ibv_post_send` call: per request only the ledger's
+    /// record and the raw request's fields. Refused as
+    /// [`post_send`](Self::post_send) refuses a call (the QP's state, no
+    /// room), and a template made for another QP. An empty iterator posts
+    /// nothing and calls nothing.
+    #[doc(alias = "ibv_post_send")]
+    #[inline]
+    pub fn post_template<I>(&mut self, t: &SendTemplate, reqs: I) -> Result<(), PostError>
+    where
+        I: IntoIterator<Item = (u64, bool)>,
+    {
+        const VERB: &str = "ibv_post_send";
+        let src_pd = t.src.as_ref().map(|(s, _)| s.chunk().pd_ptr());
+        // The QP's address alone could be a later QP's: its facts decide.
+        if t.qp != self.as_ptr() as usize || !self.pending().facts.fast_template(&t.op, src_pd) {
+            return refuse_all(
+                Some(Error::invalid(VERB, "the template was made for another QP")),
+                reqs.into_iter(),
+                |_, _| {},
+            );
+        }
+        if let Some(e) = self.send_refusal_if_any(VERB) {
+            return refuse_all(Some(e), reqs.into_iter(), |_, _| {});
+        }
+        let qp = self.as_ptr();
+        let p = self.pending_mut();
+        let chain = Chain {
+            ledger: &mut p.send,
+            side: &mut p.side,
+            scratch: &mut p.sq,
+            n: 0,
+        };
+        let opcode = t.op.opcode();
+        post_chain(
+            VERB,
+            chain,
+            reqs.into_iter(),
+            |_| true,
+            |_| Ok(()),
+            |&(_, signaled), raw: &mut sys::ibv_send_wr, sges| {
+                let mut n = 0;
+                if let Some((s, len)) = &t.src {
+                    let c = s.chunk();
+                    sges[0] = sys::ibv_sge {
+                        addr: c.addr(),
+                        length: *len,
+                        lkey: c.lkey(),
+                    };
+                    n = 1;
+                }
+                raw.num_sge = n as c_int;
+                raw.opcode = opcode;
+                raw.send_flags = if signaled {
+                    sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+                } else {
+                    0
+                };
+                match t.op {
+                    SendOp::SendWithImm(imm) => raw.__bindgen_anon_1.imm_data = imm.to_be(),
+                    SendOp::RdmaWrite(r) => {
+                        raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                            remote_addr: r.addr,
+                            rkey: r.rkey,
+                        }
+                    }
+                    SendOp::RdmaWriteWithImm(r, imm) => {
+                        raw.__bindgen_anon_1.imm_data = imm.to_be();
+                        raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                            remote_addr: r.addr,
+                            rkey: r.rkey,
+                        };
+                    }
+                    _ => {}
+                }
+            },
+            |ledger, _, (wr_id, _)| {
+                let loan = match &t.src {
+                    Some((s, _)) => Loan::One(Lent::Shared(s.clone())),
+                    None => Loan::Empty,
+                };
+                ledger.insert(wr_id, loan)
+            },
+            |_, _| {},
+            |n, room, held| super::post::send_queue_full(VERB, n, room, held),
+            |chain, bad| {
+                // A NULL-terminated chain into the scratch; its one entry
+                // names the template's source, which every request's
+                // ledger record holds a clone of until it ends.
+                // SAFETY: a live QP and a valid chain over memory that outlives its use.
+                unsafe { sys::ibv_post_send(qp, chain, bad) }
+            },
+        )
+    }
+}
