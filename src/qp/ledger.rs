@@ -434,23 +434,34 @@ impl<T> Ledger<T> {
             return 0;
         };
         let idx = (stamp & self.mask) as usize;
+        let Order::Ring { tail, .. } = self.order else {
+            return self.take(idx, true).map_or(0, |r| {
+                f(r);
+                1
+            });
+        };
         // Send queues complete in order: everything from the tail up to
         // the request's own slot is done (all of it outstanding: the slots
-        // `tail..head` hold exactly the outstanding requests). Elsewhere
-        // just the request's own slot.
-        let (first, n) = match self.order {
-            Order::Ring { tail, .. } => (tail, ((idx as u64).wrapping_sub(tail) & self.mask) + 1),
-            Order::Free { .. } => (idx as u64, 1),
-        };
-        // One call site of `f`, so that it is inlined.
-        for k in 0..n {
-            let i = ((first + k) & self.mask) as usize;
-            if let Some(r) = self.take(i, k + 1 == n) {
-                f(r);
-            }
-        }
+        // `tail..head` hold exactly the outstanding requests).
+        let n = ((idx as u64).wrapping_sub(tail) & self.mask) + 1;
+        self.live -= n as usize;
         if let Order::Ring { tail, .. } = &mut self.order {
             *tail += n;
+        }
+        // One call site of `f`, so that it is inlined; the ring's slots
+        // need no free list, just their stamps cleared.
+        for k in 0..n {
+            let i = ((tail + k) & self.mask) as usize;
+            let slot = &mut self.slots[i];
+            slot.stamp = 0;
+            if let Some(payload) = slot.load.take() {
+                f(Released {
+                    wr_id: slot.wr_id,
+                    own: k + 1 == n,
+                    payload,
+                    slot: i,
+                });
+            }
         }
         n as usize
     }

@@ -741,7 +741,7 @@ pub(crate) fn post_recv_chain(
         reqs,
         |wr| facts.fast(wr),
         |wr| facts.check(verb, wr),
-        |wr, raw, sges| fill_recv(wr, raw, sges),
+        fill_recv,
         |ledger, _, wr: RecvWr| ledger.insert(wr.wr_id, wr.data.into_loan()),
         |wr, out| wr.data.give_back(out),
         no_room,

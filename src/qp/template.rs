@@ -35,6 +35,9 @@ use crate::sys;
 pub struct SendTemplate {
     op: SendOp,
     src: Option<(SharedChunk, u32)>,
+    /// The source's raw entry, found once (a chunk's address and key do
+    /// not change).
+    sge: sys::ibv_sge,
     /// The QP it was checked for (its address: compared, never followed).
     qp: usize,
 }
@@ -76,8 +79,14 @@ impl QueuePair {
             // send (which needs a destination per request).
             return Err(Error::invalid(VERB, "no templates on UD QPs"));
         }
+        let sge = src.map_or_else(sys::ibv_sge::default, |(s, len)| sys::ibv_sge {
+            addr: s.chunk().addr(),
+            length: len as u32,
+            lkey: s.chunk().lkey(),
+        });
         Ok(SendTemplate {
             op,
+            sge,
             src: src.map(|(s, len)| (s.clone(), len as u32)),
             qp: self.as_ptr() as usize,
         })
@@ -124,17 +133,8 @@ impl QueuePair {
             |_| true,
             |_| Ok(()),
             |&(_, signaled), raw: &mut sys::ibv_send_wr, sges| {
-                let mut n = 0;
-                if let Some((s, len)) = &t.src {
-                    let c = s.chunk();
-                    sges[0] = sys::ibv_sge {
-                        addr: c.addr(),
-                        length: *len,
-                        lkey: c.lkey(),
-                    };
-                    n = 1;
-                }
-                raw.num_sge = n as c_int;
+                sges[0] = t.sge;
+                raw.num_sge = c_int::from(t.src.is_some());
                 raw.opcode = opcode;
                 raw.send_flags = if signaled {
                     sys::ibv_send_flags::IBV_SEND_SIGNALED.0
