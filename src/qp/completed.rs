@@ -109,8 +109,8 @@ impl From<Kind> for RequestKind {
 
 /// A finished work request, with its buffers.
 pub struct Completed {
-    /// The caller's `wr_id` (the one given to [`SendWr::new`] or
-    /// [`RecvWr::new`]), never the crate's tag.
+    /// The caller's `wr_id` (the one given to [`SendWr::new`](super::SendWr::new) or
+    /// [`RecvWr::new`](super::RecvWr::new)), never the crate's tag.
     pub wr_id: u64,
     /// Whether this request is the one the completion being reclaimed
     /// names. False for an earlier send that completion ends with it
@@ -134,7 +134,7 @@ impl Completed {
         }
     }
 
-    /// The request's chunks, in scatter/gather order ([`SharedChunk`]
+    /// The request's chunks, in scatter/gather order ([`SharedChunk`](crate::SharedChunk)
     /// entries are not among them: the request's clone is let go).
     #[inline]
     pub fn chunks(self) -> impl Iterator<Item = Chunk> {
@@ -220,7 +220,7 @@ impl std::error::Error for PostError {
 
 impl From<Error> for PostError {
     /// A refusal that lent nothing: `posted` 0, no chunks returned (for
-    /// `?` on calls such as [`QueuePair::start_batch`] in a function that
+    /// `?` on calls such as [`QueuePair::start_batch`](super::QueuePair::start_batch) in a function that
     /// returns `PostError`).
     fn from(error: Error) -> Self {
         super::post::fail(error, 0, Vec::new())

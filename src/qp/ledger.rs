@@ -49,6 +49,46 @@
 //! a request into its ring and then fails the doorbell. Requests of a post
 //! call the provider failed stay in the ledger ("in doubt") until one of the
 //! above happens.
+//!
+//! # Layout, and why it is sound
+//!
+//! A ledger is one array of 48-byte slots, a power of two at least the
+//! queue's depth: each slot a stamp, the caller's `wr_id` and a 32-byte
+//! payload (what the request lent). A request with stamp `s` lives in
+//! slot `s & mask`; a free slot has stamp 0, which is never issued.
+//!
+//! * **Send queues are a ring.** Requests are inserted at `head` and, as
+//!   send queues complete in order, leave from `tail`: the outstanding
+//!   requests are exactly the slots `tail..head`. The stamp of the request
+//!   at `head` is chosen to be `head` mod the slot count (within a block
+//!   stamps simply count up; a new block starts at a multiple of the slot
+//!   count), so a completion's slot is one mask away, and it is accepted
+//!   only if that slot's stamp equals the completion's full 62-bit stamp.
+//!   As no stamp is issued twice (below), an equal stamp proves that the
+//!   slot holds exactly the request the device completed; everything from
+//!   `tail` to it was posted before it and is done too.
+//! * **Receive queues and SRQs use a free list.** Their requests end in
+//!   any order (SRQ receives serve many QPs; callers may reclaim out of
+//!   order), so free slots form a first-in first-out list through their
+//!   `wr_id` field (no memory of its own). The next request takes the
+//!   list's first slot, with the next unused stamp that is that slot mod
+//!   the slot count: when requests end in post order (a QP's own receive
+//!   queue), the list gives the slots out in turn and no stamp is skipped.
+//! * **Stamps are never issued twice to requests a device may see.**
+//!   Stamps only go up within a queue's blocks, and blocks are never
+//!   handed out twice. The one exception is an undone insert (a refused
+//!   post, a panicking iterator, an aborted batch): such a request never
+//!   reached a device, so its stamp, the queue's latest, may be issued
+//!   again.
+//! * **Nothing is touched that is not outstanding.** A slot's payload is
+//!   `Some` exactly when its stamp is not 0; taking it clears both. The
+//!   payloads are `ManuallyDrop`, so dropping an empty ledger visits no
+//!   slot; a ledger dropped with requests outstanding (after its queue was
+//!   destroyed) drops each of them.
+//!
+//! The randomized model tests (`ledger/tests.rs`, `ledger/proptests.rs`)
+//! drive both disciplines, block crossings included, against a plain
+//! model of the queues.
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};

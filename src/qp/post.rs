@@ -431,7 +431,7 @@ impl QueuePair {
     /// [`state`](Self::state) is RESET, INIT or RTR (sends need RTS, SQD,
     /// SQE or ERR), operations the QP type cannot do (those outside
     /// [`SendOpsFlags::for_transport`](super::SendOpsFlags::for_transport)), UD destinations,
-    /// entry counts against `max_send_sge` and [`MAX_SGE`], inline sizes
+    /// entry counts against `max_send_sge` and [`MAX_SGE`](super::MAX_SGE), inline sizes
     /// against `max_inline_data`, atomics' 8-byte entry and alignment,
     /// atomics on a device whose `atomic_cap` is NONE, RDMA READ and
     /// atomic destinations in a region registered without `LOCAL_WRITE`
@@ -500,7 +500,7 @@ impl QueuePair {
     /// known state is RESET or ERR (in ERR the verbs would flush the
     /// receive, but rxe on Linux 6.1 never completes it), a QP that
     /// receives through an SRQ, more entries than `max_recv_sge` or
-    /// [`MAX_SGE`], chunks of another PD, chunks of a region registered
+    /// [`MAX_SGE`](super::MAX_SGE), chunks of another PD, chunks of a region registered
     /// without `LOCAL_WRITE` (the device writes receives: it would fail
     /// the receive and move the QP to ERR), on a UD QP bound to a port that
     /// needs a GRH (RoCE, or `IBV_QPF_GRH_REQUIRED`) a receive of fewer
@@ -509,7 +509,7 @@ impl QueuePair {
     /// receive queue. On an InfiniBand port without that flag the 40 bytes
     /// are not checked: a datagram may come without a GRH (its payload still
     /// starts at byte 40, ibv_post_recv(3)). A receive without a buffer
-    /// ([`RecvWr::new`] alone) is allowed: it takes an RDMA WRITE with
+    /// ([`RecvWr::new`](super::RecvWr::new) alone) is allowed: it takes an RDMA WRITE with
     /// immediate (or a zero-length send).
     /// An empty iterator posts nothing and calls nothing.
     #[doc(alias = "ibv_post_recv")]

@@ -186,7 +186,7 @@ impl QueuePair {
     /// [`reclaim`](Self::reclaim) does, but in one call and without a
     /// record per request: the owned chunks of all of them go to `chunks`,
     /// oldest request first and in scatter/gather order within each
-    /// ([`SharedChunk`] clones are let go). Returns how many requests ended.
+    /// ([`SharedChunk`](crate::SharedChunk) clones are let go). Returns how many requests ended.
     ///
     /// For streams where the `wr_id`s of the requests are not needed: one
     /// signalled completion ending a run of a hundred unsignalled writes
