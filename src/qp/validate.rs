@@ -243,42 +243,45 @@ pub(crate) struct QpView<'a> {
 /// port it looks at, and the GID entry), so that only fresh data refuses.
 pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, ModifyError> {
     let from = qp.state;
-    let to = attr.get_state().unwrap_or(from);
     let dev = qp.ctx.attr();
-    // Every reason is reported, not just the first: the device's (CAP) and
-    // the table's are independent.
-    let mut reasons = Vec::new();
-    if attr.mask().contains(M::CAP) && !dev.capabilities.contains(DeviceCapFlags::RESIZE_MAX_WR) {
-        reasons.push(ModifyError::Value {
-            qp_type: qp.qp_type,
-            from,
-            to,
-            attr: M::CAP,
-            reason: format!(
-                "{} cannot resize queues (no IBV_DEVICE_RESIZE_MAX_WR)",
-                qp.ctx.name()
-            ),
-        });
+    let cap_refused =
+        attr.mask().contains(M::CAP) && !dev.capabilities.contains(DeviceCapFlags::RESIZE_MAX_WR);
+    if !cap_refused {
+        // The usual case: at most one reason (the table's, or else the
+        // values'), so no list of them. First against the context's cache
+        // (no call when it is warm); a refusal is never made on cached
+        // data: the checks run again against freshly read port attributes
+        // and GID entries, and only that verdict counts.
+        let to = check_transition(qp.qp_type, from, attr)?;
+        return match check_values(qp, attr, from, to, Read::Cached) {
+            Ok(()) => Ok(to),
+            Err(_) => check_values(qp, attr, from, to, Read::Fresh).map(|()| to),
+        };
     }
-    match check_transition(qp.qp_type, from, attr) {
-        Ok(_) => {
-            // First against the context's cache (no call when it is warm);
-            // a refusal is never made on cached data: the checks run again
-            // against freshly read port attributes and GID entries, and
-            // only that verdict counts.
-            if let Err(e) = check_values(qp, attr, from, to, Read::Cached)
-                .or_else(|_| check_values(qp, attr, from, to, Read::Fresh))
-            {
-                reasons.push(e);
-            }
-        }
-        Err(e) => reasons.push(e),
-    }
-    match reasons.len() {
-        0 => Ok(to),
-        1 => Err(reasons.pop().expect("one reason")),
-        _ => Err(ModifyError::Several(reasons)),
-    }
+    // CAP is refused. Every reason is reported, not just the first: the
+    // device's (CAP) and the table's or values' are independent.
+    let to = attr.get_state().unwrap_or(from);
+    let cap = ModifyError::Value {
+        qp_type: qp.qp_type,
+        from,
+        to,
+        attr: M::CAP,
+        reason: format!(
+            "{} cannot resize queues (no IBV_DEVICE_RESIZE_MAX_WR)",
+            qp.ctx.name()
+        ),
+    };
+    let other = match check_transition(qp.qp_type, from, attr) {
+        // As above: a refusal rests on fresh data only.
+        Ok(_) => check_values(qp, attr, from, to, Read::Cached)
+            .or_else(|_| check_values(qp, attr, from, to, Read::Fresh))
+            .err(),
+        Err(e) => Some(e),
+    };
+    Err(match other {
+        None => cap,
+        Some(e) => ModifyError::Several(vec![cap, e]),
+    })
 }
 
 /// After the kernel refused a modify that [`validate`] accepted: the value
@@ -441,6 +444,31 @@ fn check_attribute_only(qp_type: QpType, state: QpState, mask: M) -> Result<QpSt
     }
 }
 
+/// The facts of `port` from the device (or, with [`Read::Cached`], from
+/// the cache when it has them): the slow part of the value checks' port
+/// lookups. `queried` has a bit per port already queried by this round of
+/// [`Read::Fresh`] checks, which then reads the cache.
+#[cold]
+fn port_read(
+    ctx: &Context,
+    port: u8,
+    read: Read,
+    queried: &Cell<[u64; 4]>,
+) -> Result<PortFixed, String> {
+    if let Some(reason) = ctx.port_problem(port) {
+        return Err(reason);
+    }
+    let (word, bit) = (usize::from(port / 64), 1u64 << (port % 64));
+    let mut seen = queried.get();
+    let fresh = read == Read::Fresh && seen[word] & bit == 0;
+    let pa = ctx
+        .port_fixed(port, fresh)
+        .map_err(|e| format!("cannot query port {port}: {e}"))?;
+    seen[word] |= bit;
+    queried.set(seen);
+    Ok(pa)
+}
+
 /// The value checks, reading port attributes and GID entries as `read`
 /// says. Allocates nothing unless it refuses.
 fn check_values(
@@ -462,23 +490,19 @@ fn check_values(
     let mask = attr.mask();
     let raw = attr.raw();
 
-    // Several checks look at the same port: with Read::Fresh each port is
-    // queried once (a bit per port number), after which the cache holds
-    // what the query returned.
+    // Several checks look at the same port. With Read::Cached a port's
+    // facts are one load from the context's cache (a hit also proves that
+    // the port exists); only a port never read goes to `port_read`. With
+    // Read::Fresh each port is queried once (a bit per port number), after
+    // which the cache holds what the query returned.
     let queried = Cell::new([0u64; 4]);
     let port_attr = |flag: M, port: u8| -> Result<PortFixed, ModifyError> {
-        if let Some(reason) = ctx.port_problem(port) {
-            return Err(value_err(flag, reason));
+        if read == Read::Cached {
+            if let Some(f) = ctx.cached_port(port) {
+                return Ok(f);
+            }
         }
-        let (word, bit) = (usize::from(port / 64), 1u64 << (port % 64));
-        let mut seen = queried.get();
-        let fresh = read == Read::Fresh && seen[word] & bit == 0;
-        let pa = ctx
-            .port_fixed(port, fresh)
-            .map_err(|e| value_err(flag, format!("cannot query port {port}: {e}")))?;
-        seen[word] |= bit;
-        queried.set(seen);
-        Ok(pa)
+        port_read(ctx, port, read, &queried).map_err(|reason| value_err(flag, reason))
     };
     // The port the QP uses after this modify.
     let port = attr.get_port().or(qp.port);
