@@ -274,18 +274,39 @@ impl Context {
     /// The attributes of `port` that are fixed while the context is open
     /// ([`PortFixed`]): from the cache, or (`fresh`, or never read) from
     /// [`query_port`](Self::query_port), which refreshes the cache.
+    #[inline]
     pub(crate) fn port_fixed(&self, port: u8, fresh: bool) -> Result<PortFixed> {
-        self.check_port("ibv_query_port", port)?;
-        match self.inner.keep().ports.fixed(port) {
+        match self.cached_port(port) {
+            // A port is cached only if it exists.
             Some(f) if !fresh => Ok(f),
-            _ => self.query_port(port).map(|a| PortFixed::of(&a)),
+            _ => self.read_port_fixed(port),
         }
+    }
+
+    #[cold]
+    fn read_port_fixed(&self, port: u8) -> Result<PortFixed> {
+        self.check_port("ibv_query_port", port)?;
+        self.query_port(port).map(|a| PortFixed::of(&a))
+    }
+
+    /// The cached [`PortFixed`] of `port`, if it was read: one atomic load,
+    /// no call. `None` for a port that does not exist.
+    #[inline]
+    pub(crate) fn cached_port(&self, port: u8) -> Option<PortFixed> {
+        self.inner.keep().ports.fixed(port)
     }
 
     /// The kind of GID entry `index` of `port` when it was last read and
     /// found used, if it was.
+    #[inline]
     pub(crate) fn cached_gid(&self, port: u8, index: u32) -> Option<GidKind> {
         self.inner.keep().ports.gid(port, index)
+    }
+
+    /// Forgets what the cache knows of `port`'s GID entries (after an
+    /// `IBV_EVENT_GID_CHANGE`): each is read again when next needed.
+    pub(crate) fn forget_cached_gids(&self, port: u8) {
+        self.inner.keep().ports.forget_gids(port);
     }
 
     /// Checks `index` against the GID table's length, which is fixed while
@@ -306,6 +327,18 @@ impl Context {
                 ),
             ))
         }
+    }
+
+    /// Checks that entry `index` of `port`'s GID table is used, as
+    /// [`query_gid`](Self::query_gid) would (same errors), but without a
+    /// call when the cache holds the entry as used (the kernel judges the
+    /// entry again when it is used); anything else reads it.
+    pub(crate) fn check_gid_used(&self, port: u8, index: u32) -> Result<()> {
+        if self.cached_gid(port, index).is_some() {
+            // Only an index inside the table is ever cached.
+            return Ok(());
+        }
+        self.query_gid(port, index).map(|_| ())
     }
 
     /// Reads entry `index` of port `port`'s GID table.

@@ -171,6 +171,16 @@ impl Context {
             // be destroyed before the event is acknowledged, below.
             unsafe { self.qp_registry().device_moved(raw.element.qp) };
         }
+        if let AsyncEvent::Port {
+            event: t::IBV_EVENT_GID_CHANGE,
+            port,
+        } = ev
+        {
+            // The port's GID table changed: what the context's cache knows
+            // of its entries may be stale (the port's other cached facts
+            // are fixed while the context is open).
+            self.forget_cached_gids(port);
+        }
         // SAFETY: `raw` is the event just returned, acknowledged once.
         unsafe { sys::ibv_ack_async_event(&mut raw) };
         Ok(ev)

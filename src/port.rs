@@ -1,7 +1,7 @@
 //! Port attributes (`struct ibv_port_attr`), as `ibv_query_port` reports them.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::sys;
@@ -266,8 +266,10 @@ pub(crate) struct PortFixed {
     pub pkey_tbl_len: u16,
     pub gid_tbl_len: u32,
     pub max_mtu: Mtu,
-    pub link_layer: LinkLayer,
-    pub flags: PortFlags,
+    /// The link layer is Ethernet (RoCE).
+    roce: bool,
+    /// Address vectors need a GRH: RoCE, or `IBV_QPF_GRH_REQUIRED`.
+    grh_required: bool,
 }
 
 impl PortFixed {
@@ -276,19 +278,51 @@ impl PortFixed {
             pkey_tbl_len: a.pkey_tbl_len,
             gid_tbl_len: a.gid_tbl_len,
             max_mtu: a.max_mtu,
-            link_layer: a.link_layer,
-            flags: a.flags,
+            roce: a.is_roce(),
+            grh_required: a.grh_required(),
         }
     }
 
     /// As [`PortAttr::is_roce`].
+    #[inline]
     pub(crate) fn is_roce(&self) -> bool {
-        self.link_layer == LinkLayer::Ethernet
+        self.roce
     }
 
     /// As [`PortAttr::grh_required`].
+    #[inline]
     pub(crate) fn grh_required(&self) -> bool {
-        self.is_roce() || self.flags.contains(PortFlags::GRH_REQUIRED)
+        self.grh_required
+    }
+
+    // The cache keeps a port's facts in one atomic word, so that a reader
+    // takes them with one load, no lock: bits 0..32 the GID table's length,
+    // 32..48 the P_Key table's, 48..51 the max MTU (`ibv_mtu`, 1..=5),
+    // bit 51 RoCE, bit 52 GRH required, bit 63 "read" (0: never read).
+    const READ: u64 = 1 << 63;
+
+    fn pack(self) -> u64 {
+        u64::from(self.gid_tbl_len)
+            | u64::from(self.pkey_tbl_len) << 32
+            | u64::from(self.max_mtu.as_raw() & 7) << 48
+            | u64::from(self.roce) << 51
+            | u64::from(self.grh_required) << 52
+            | Self::READ
+    }
+
+    #[inline]
+    fn unpack(word: u64) -> Option<Self> {
+        if word & Self::READ == 0 {
+            return None;
+        }
+        Some(PortFixed {
+            gid_tbl_len: word as u32,
+            pkey_tbl_len: (word >> 32) as u16,
+            // Only a valid MTU is ever packed (`PortAttr` holds an `Mtu`).
+            max_mtu: Mtu::from_raw(((word >> 48) & 7) as u32)?,
+            roce: word & 1 << 51 != 0,
+            grh_required: word & 1 << 52 != 0,
+        })
     }
 }
 
@@ -352,7 +386,8 @@ const MAX_CACHED_GIDS: usize = 1 << 16;
 /// and the kind of each GID entry last seen used.
 #[derive(Default)]
 struct PortSlot {
-    fixed: Mutex<Option<PortFixed>>,
+    /// [`PortFixed::pack`]ed; 0 until the port is first read.
+    fixed: AtomicU64,
     /// One byte per entry of the GID table (`GidKind::encode`: 0 is
     /// unknown), allocated once, when the table's length is first known.
     gids: OnceLock<Box<[AtomicU8]>>,
@@ -360,7 +395,9 @@ struct PortSlot {
 
 /// The per-port cache of a [`Context`](crate::Context): filled by the
 /// first `ibv_query_port` of a port (every query refreshes it) and by GID
-/// reads. Thread safe; reading it allocates nothing and makes no call.
+/// reads. Thread safe; reading it takes no lock, allocates nothing and
+/// makes no call (a port's facts are one atomic word, a GID entry's one
+/// byte).
 pub(crate) struct PortCache {
     /// Index `port - 1`.
     slots: Box<[PortSlot]>,
@@ -374,26 +411,23 @@ impl PortCache {
         }
     }
 
+    #[inline]
     fn slot(&self, port: u8) -> Option<&PortSlot> {
         self.slots.get(usize::from(port).checked_sub(1)?)
     }
 
-    /// The fixed attributes of `port`, if they were read.
+    /// The fixed attributes of `port`, if they were read (never for a port
+    /// outside `1..=ports`: a hit proves that the port exists).
+    #[inline]
     pub(crate) fn fixed(&self, port: u8) -> Option<PortFixed> {
-        // A poisoned lock still holds a whole `Option<PortFixed>` (a plain
-        // store is the only write): take it.
-        *self
-            .slot(port)?
-            .fixed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        PortFixed::unpack(self.slot(port)?.fixed.load(Ordering::Acquire))
     }
 
     /// Records what a query of `port` returned.
     pub(crate) fn store(&self, port: u8, attr: &PortAttr) {
         let Some(slot) = self.slot(port) else { return };
         let fixed = PortFixed::of(attr);
-        *slot.fixed.lock().unwrap_or_else(|e| e.into_inner()) = Some(fixed);
+        slot.fixed.store(fixed.pack(), Ordering::Release);
         // Entries past MAX_CACHED_GIDS are read every time.
         let len = usize::try_from(fixed.gid_tbl_len)
             .unwrap_or(0)
@@ -403,6 +437,7 @@ impl PortCache {
     }
 
     /// The kind of GID entry `index` of `port` when last seen used.
+    #[inline]
     pub(crate) fn gid(&self, port: u8, index: u32) -> Option<GidKind> {
         let cell = self
             .slot(port)?

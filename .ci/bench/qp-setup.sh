@@ -15,11 +15,15 @@
 # and, from `strace -f -c` runs at N=50 and N=100 (the difference over 50
 # QPs, so that start-up and teardown cancel),
 #   qp_setup: kernel calls per QP: c=X rust=Y
-# followed by the per-system-call difference of each.
+# followed by the per-system-call difference of each, and, from callgrind
+# runs at N=50 and N=150 (the difference over 100 QPs),
+#   qp_setup: user-space instructions per QP (callgrind): c=X rust=Y rust/c=R
+# with the Rust run's heaviest functions (inclusive, per QP) in
+# WORK/rust.cg.fns (RDMA_VERBS_QP_SETUP_CALLGRIND=0 skips this part).
 #
 # Environment: RDMA_VERBS_DEVICE (default rxe0), RDMA_VERBS_QP_SETUP_GID_INDEX (default 1),
 # RDMA_VERBS_QP_SETUP_N (default 200), RDMA_VERBS_QP_SETUP_ROUNDS (default 3; more on a
-# busy machine). .ci/vm hands every RDMA_VERBS_* variable to the guest.
+# busy machine), RDMA_VERBS_QP_SETUP_CALLGRIND (default 1). .ci/vm hands every RDMA_VERBS_* variable to the guest.
 # Exits 0 whatever the ratio; non-zero only when something fails to run.
 set -euo pipefail
 
@@ -80,3 +84,39 @@ c_calls=$(per_qp c "$C" -d "$DEV" -x "$GIDX")
 r_calls=$(per_qp rust "$RUST" -d "$DEV" -x "$GIDX")
 echo "qp_setup: kernel calls per QP: c=$c_calls rust=$r_calls"
 cat "$WORK/c.per-qp" "$WORK/rust.per-qp" 2>/dev/null || true
+
+# User-space instructions per QP, counted by callgrind (the same on a busy
+# or a quiet machine, unlike the rates above): N=150 minus N=50, over 100.
+if [ "${RDMA_VERBS_QP_SETUP_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null; then
+    collected() { sed -nE 's/^==[0-9]+== Collected : ([0-9]+).*/\1/p' "$1" | tail -n 1; }
+    cg() {  # cg NAME N PROG...: callgrind run, its log WORK/NAME.cg.N.log
+        local name=$1 n=$2; shift 2
+        valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg.$n" "$@" -n "$n" \
+            >/dev/null 2>"$WORK/$name.cg.$n.log"
+    }
+    per_qp_instr() {
+        local name=$1 a b; shift
+        cg "$name" 50 "$@" && cg "$name" 150 "$@" || { echo "-"; return; }
+        a=$(collected "$WORK/$name.cg.50.log"); b=$(collected "$WORK/$name.cg.150.log")
+        [ -n "$a" ] && [ -n "$b" ] || { echo "-"; return; }
+        awk -v a="$a" -v b="$b" 'BEGIN { printf "%.0f\n", (b - a) / 100 }'
+    }
+    c_i=$(per_qp_instr c "$C" -d "$DEV" -x "$GIDX")
+    r_i=$(per_qp_instr rust "$RUST" -d "$DEV" -x "$GIDX")
+    echo "qp_setup: user-space instructions per QP (callgrind): c=$c_i rust=$r_i rust/c=$(awk -v r="$r_i" -v c="$c_i" 'BEGIN { if (r + 0 > 0 && c + 0 > 0) printf "%.2f", r / c; else print "-" }')"
+    # Where the Rust side's go: per function, inclusive instructions of
+    # the N=150 run minus those of the N=50 run, over 100 (start-up cancels).
+    incl() {
+        callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
+            awk '$1 ~ /^[0-9,]+$/ { v = $1; gsub(",", "", v); sub(/^ *[0-9,]+ +(\([^)]*\) +)?/, "")
+                                    print v "\t" $0 }' || true
+    }
+    if [ -s "$WORK/rust.cg.50" ] && [ -s "$WORK/rust.cg.150" ]; then
+        incl "$WORK/rust.cg.50" >"$WORK/rust.cg.50.fns"
+        incl "$WORK/rust.cg.150" >"$WORK/rust.cg.150.fns"
+        awk -F'\t' 'NR == FNR { a[$2] = $1; next } { d = ($1 - a[$2]) / 100; if (d >= 40) printf "%8.0f  %s\n", d, substr($2, 1, 140) }' \
+            "$WORK/rust.cg.50.fns" "$WORK/rust.cg.150.fns" | sort -rn >"$WORK/rust.cg.fns" || true
+        echo "qp_setup: Rust functions, inclusive instructions per QP (N=150 minus N=50, over 100; 40 and more):"
+        sed 's/^/qp_setup:   /' "$WORK/rust.cg.fns"
+    fi
+fi

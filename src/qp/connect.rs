@@ -221,6 +221,21 @@ impl QueuePair {
         Ok(Some((index, pick.gid)))
     }
 
+    /// The local GID index `opts` resolves to, if a GRH is used: as
+    /// [`local_gid`](Self::local_gid), but an explicit
+    /// [`ConnectOptions::gid_index`] is checked against the context's cache
+    /// (an entry last read used is taken without a call; anything else is
+    /// read, so that an empty entry is refused on what the device says).
+    fn local_gid_index(&self, opts: &ConnectOptions) -> Result<Option<u8>> {
+        match opts.gid_index {
+            Some(i) => {
+                self.pd().context().check_gid_used(opts.port, i.into())?;
+                Ok(Some(i))
+            }
+            None => Ok(self.local_gid(opts)?.map(|(i, _)| i)),
+        }
+    }
+
     /// This QP's endpoint for `opts`, with first PSN `psn`: what to send the
     /// peer.
     ///
@@ -261,8 +276,8 @@ impl QueuePair {
         let t = self.qp_type();
         // Resolved before the first step, so that a bad GID index (an empty
         // entry) is refused before the QP leaves RESET.
-        let local_gid = match t {
-            QpType::Rc | QpType::Uc => self.local_gid(opts)?,
+        let local_gid_index = match t {
+            QpType::Rc | QpType::Uc => self.local_gid_index(opts)?,
             _ => None,
         };
         let init = QpAttr::new()
@@ -287,15 +302,19 @@ impl QueuePair {
                 ))
             }
         }
-        let port = self.pd().context().query_port(opts.port)?;
+        // The active MTU changes with the link: read it now, unless given.
+        let path_mtu = match opts.path_mtu {
+            Some(mtu) => mtu,
+            None => self.pd().context().query_port(opts.port)?.active_mtu,
+        };
         let mut av = AddressVector::new(opts.port).dlid(remote.lid).sl(opts.sl)?;
-        if let Some((i, _)) = local_gid {
+        if let Some(i) = local_gid_index {
             av = av.global(GlobalRoute::new(remote.gid, i));
         }
         let mut rtr = QpAttr::new()
             .state(QpState::Rtr)
             .av(av)
-            .path_mtu(opts.path_mtu.unwrap_or(port.active_mtu))
+            .path_mtu(path_mtu)
             .dest_qpn(remote.qpn)
             .rq_psn(remote.psn);
         let mut rts = QpAttr::new().state(QpState::Rts).sq_psn(psn);

@@ -97,7 +97,6 @@ use crate::cq::CompletionQueue;
 use crate::error::{check_ptr, Error, Result};
 use crate::handle::{Owned, RawObject};
 use crate::pd::ProtectionDomain;
-use crate::port::LinkLayer;
 use crate::srq::SharedReceiveQueue;
 use crate::sys;
 use crate::users::{Tally, UserKind};
@@ -366,7 +365,7 @@ impl QueuePair {
                 let ethernet = |fresh| {
                     ctx.ports()
                         .filter_map(|p| ctx.port_fixed(p, fresh).ok())
-                        .any(|p| p.link_layer == LinkLayer::Ethernet)
+                        .any(|p| p.is_roce())
                 };
                 let ethernet = ethernet(false) || ethernet(true);
                 if !ethernet {
