@@ -625,7 +625,21 @@ fn fill_send(wr: &SendWr<'_>, raw: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_s
     raw.num_sge = wr.data.fill(sges) as c_int;
     raw.opcode = wr.op.opcode();
     raw.send_flags = wr.flags;
-    match wr.op {
+    fill_op(&wr.op, raw);
+    if let Some((ah, qpn, qkey)) = &wr.ud {
+        raw.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ah.as_ptr(),
+            remote_qpn: qpn.get(),
+            remote_qkey: qkey.0,
+        };
+    }
+}
+
+/// Writes `op`'s operation fields (immediate data, the rkey to invalidate,
+/// the remote address of an RDMA or atomic operation) into `raw`.
+#[inline(always)]
+pub(super) fn fill_op(op: &SendOp, raw: &mut sys::ibv_send_wr) {
+    match *op {
         SendOp::Send => {}
         SendOp::SendWithImm(imm) => raw.__bindgen_anon_1.imm_data = imm.to_be(),
         SendOp::SendWithInv(rkey) => raw.__bindgen_anon_1.invalidate_rkey = rkey,
@@ -662,13 +676,6 @@ fn fill_send(wr: &SendWr<'_>, raw: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_s
                 rkey: remote.rkey,
             }
         }
-    }
-    if let Some((ah, qpn, qkey)) = &wr.ud {
-        raw.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
-            ah: ah.as_ptr(),
-            remote_qpn: qpn.get(),
-            remote_qkey: qkey.0,
-        };
     }
 }
 

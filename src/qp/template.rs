@@ -141,23 +141,7 @@ impl QueuePair {
                 } else {
                     0
                 };
-                match t.op {
-                    SendOp::SendWithImm(imm) => raw.__bindgen_anon_1.imm_data = imm.to_be(),
-                    SendOp::RdmaWrite(r) => {
-                        raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                            remote_addr: r.addr,
-                            rkey: r.rkey,
-                        }
-                    }
-                    SendOp::RdmaWriteWithImm(r, imm) => {
-                        raw.__bindgen_anon_1.imm_data = imm.to_be();
-                        raw.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                            remote_addr: r.addr,
-                            rkey: r.rkey,
-                        };
-                    }
-                    _ => {}
-                }
+                super::post::fill_op(&t.op, raw);
             },
             |ledger, _, (wr_id, _)| {
                 let loan = match &t.src {
