@@ -218,12 +218,31 @@ fn provider_failed(verb: &'static str, rc: c_int, n: usize) -> PostError {
     fail(error, n, Vec::new())
 }
 
-/// A refused call: the rest of the iterator is consumed (its chunks kept
-/// for the error), then this call's requests are taken back out.
+/// Takes a refused call apart: the rest of the iterator is consumed
+/// (its chunks kept, after `back`'s), then this call's requests are taken
+/// back out; every chunk of the call, in request order, and how many
+/// requests the call had.
+fn take_apart<W, R: ChainLink>(
+    mut chain: Chain<'_, R>,
+    mut back: Vec<Chunk>,
+    rest: impl Iterator<Item = W>,
+    give_back: impl Fn(W, &mut Vec<Chunk>),
+) -> (usize, Vec<Chunk>) {
+    let mut total = chain.n + 1;
+    for w in rest {
+        total += 1;
+        give_back(w, &mut back);
+    }
+    let mut all = chain.undo();
+    all.append(&mut back);
+    (total, all)
+}
+
+/// A request that failed its check: the call is refused whole.
 #[cold]
 #[inline(never)]
 fn refuse<W, R: ChainLink>(
-    mut chain: Chain<'_, R>,
+    chain: Chain<'_, R>,
     error: Error,
     wr: W,
     rest: impl Iterator<Item = W>,
@@ -231,11 +250,7 @@ fn refuse<W, R: ChainLink>(
 ) -> PostError {
     let mut back = Vec::new();
     give_back(wr, &mut back);
-    for w in rest {
-        give_back(w, &mut back);
-    }
-    let mut all = chain.undo();
-    all.append(&mut back);
+    let (_, all) = take_apart(chain, back, rest, give_back);
     fail(error, 0, all)
 }
 
@@ -244,21 +259,15 @@ fn refuse<W, R: ChainLink>(
 #[cold]
 #[inline(never)]
 fn refuse_full<W, R: ChainLink>(
-    mut chain: Chain<'_, R>,
+    chain: Chain<'_, R>,
     wr: W,
     rest: impl Iterator<Item = W>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
     error: impl FnOnce(usize) -> Error,
 ) -> PostError {
     let mut back = Vec::new();
-    let mut total = chain.n + 1;
     give_back(wr, &mut back);
-    for w in rest {
-        total += 1;
-        give_back(w, &mut back);
-    }
-    let mut all = chain.undo();
-    all.append(&mut back);
+    let (total, all) = take_apart(chain, back, rest, give_back);
     fail(error(total), 0, all)
 }
 
@@ -267,18 +276,14 @@ fn refuse_full<W, R: ChainLink>(
 #[inline(never)]
 fn exhausted<W, R: ChainLink>(
     verb: &'static str,
-    mut chain: Chain<'_, R>,
+    chain: Chain<'_, R>,
     loan: Loan,
     rest: impl Iterator<Item = W>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
 ) -> PostError {
     let mut back = Vec::new();
     loan.give_back(&mut back);
-    for w in rest {
-        give_back(w, &mut back);
-    }
-    let mut all = chain.undo();
-    all.append(&mut back);
+    let (_, all) = take_apart(chain, back, rest, give_back);
     fail(Error::TagsExhausted { verb }, 0, all)
 }
 

@@ -181,33 +181,10 @@ impl Pending {
         }
     }
 
-    /// The side entry of send slot `slot`, the table made on first use.
-    #[inline]
-    pub(super) fn side_at(&mut self, slot: usize) -> &mut SendLoan {
-        if self.side.is_empty() {
-            self.make_side();
-        }
-        &mut self.side[slot]
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn make_side(&mut self) {
-        self.side
-            .resize_with(self.send.slot_count(), SendLoan::default);
-    }
-
     /// Records a send request that lends `loan` beside its entries, in the
     /// side table; its tag, or the loan back.
     pub(super) fn insert_side(&mut self, wr_id: u64, loan: SendLoan) -> Result<u64, SendLoan> {
-        match self.send.insert(wr_id, Loan::Side) {
-            Ok(tag) => {
-                let slot = self.send.slot_of(tag);
-                *self.side_at(slot) = loan;
-                Ok(tag)
-            }
-            Err(_) => Err(loan),
-        }
+        lend_side(&mut self.send, &mut self.side, wr_id, loan)
     }
 
     /// What a released send lent: its side entry for [`Loan::Side`].
@@ -457,9 +434,8 @@ impl QueuePair {
         I: IntoIterator<Item = SendWr<'a>>,
     {
         const VERB: &str = "ibv_post_send";
-        if self.pending().batch_open || !sends_in(self.state()) {
-            let error = self.send_refusal(VERB);
-            return refuse_all(error, wrs.into_iter(), |w, out| w.data.give_back(out));
+        if let Some(error) = self.send_refusal_if_any(VERB) {
+            return refuse_all(Some(error), wrs.into_iter(), |w, out| w.data.give_back(out));
         }
         let qp = self.as_ptr();
         let (pd, p) = self.pd_and_pending_mut();
@@ -693,17 +669,20 @@ fn lend_send(
     let loan = data.into_loan();
     match ud {
         None => ledger.insert(wr_id, loan),
-        Some((ah, _, _)) => lend_side(ledger, side, wr_id, (loan, Some(ah), None)),
+        Some((ah, _, _)) => lend_side(ledger, side, wr_id, (loan, Some(ah), None)).map_err(|l| l.0),
     }
 }
 
+/// Records a send that lends `loan` beside its entries: [`Loan::Side`] in
+/// the ledger, `loan` in the side table at its slot (the table made on
+/// first use); its tag, or the loan back.
 #[inline(never)]
 fn lend_side(
     ledger: &mut Ledger<Loan>,
     side: &mut Vec<SendLoan>,
     wr_id: u64,
     loan: SendLoan,
-) -> Result<u64, Loan> {
+) -> Result<u64, SendLoan> {
     match ledger.insert(wr_id, Loan::Side) {
         Ok(tag) => {
             if side.is_empty() {
@@ -712,7 +691,7 @@ fn lend_side(
             side[ledger.slot_of(tag)] = loan;
             Ok(tag)
         }
-        Err(_) => Err(loan.0),
+        Err(_) => Err(loan),
     }
 }
 
