@@ -612,11 +612,20 @@ impl SharedChunk {
         self.0.addr()
     }
 
-    /// How many handles name it: this one, its other clones, and the
-    /// outstanding requests that hold one.
+    /// How many handles name it: this one, its other clones, the
+    /// outstanding requests that hold one, the [`SendTemplate`](crate::qp::SendTemplate)s
+    /// made from it, and each QP that keeps it for the outstanding requests
+    /// of a template dropped before they ended.
     #[inline]
     pub fn holders(&self) -> usize {
         Arc::strong_count(&self.0)
+    }
+
+    /// The chunk, writable, if this is its only handle (no clone, no
+    /// outstanding request, no QP holds one).
+    #[inline]
+    pub(crate) fn get_mut(&mut self) -> Option<&mut Chunk> {
+        Arc::get_mut(&mut self.0)
     }
 
     /// The writable chunk back, if no other handle and no outstanding

@@ -1,7 +1,8 @@
 //! The safe path: chunks of registered regions, moved into the QP by
 //! `post_send`/`post_recv` and handed back by `reclaim_chunks`; sends and
-//! writes (but write_lat's, whose source changes every round) name one
-//! read-only `SharedChunk`, as C names one buffer.
+//! writes name one `SharedChunk`, as C names one buffer, through a
+//! `SendTemplate` on the basic path (write_lat's template owns its source,
+//! which `template_source_mut` writes between rounds).
 //!
 //! How a post call's requests reach the QP is a type parameter
 //! ([`Submit`]): [`Basic`] (`post_send`, one chain per call) here, and
@@ -207,20 +208,35 @@ impl<S: Submit> DataPath for SafePath<S> {
             for c in &mut pool {
                 c.as_mut_slice().fill(0);
             }
-            let shared = match Op::of(plan, self.conn.remote[q]) {
-                Op::Send | Op::Write(_) if plan.test != Test::WriteLat => {
+            let op = Op::of(plan, self.conn.remote[q]);
+            // write_lat writes its source between rounds: through the
+            // template (whose handle is then the only one), or owned
+            // chunks where there is no template.
+            let own_source = plan.test == Test::WriteLat;
+            let shared = match op {
+                Op::Send | Op::Write(_) if !own_source || (S::TEMPLATES && !plan.inline) => {
                     pool.pop().map(SharedChunk::new)
                 }
                 _ => None,
             };
-            let op = Op::of(plan, self.conn.remote[q]);
-            let template = match &shared {
+            let mut template = match &shared {
                 Some(src) if S::TEMPLATES && !plan.inline => Some(
                     self.conn.qps[q]
                         .send_template(send_op(op), Some((src, len)))
                         .or_fail("Couldn't make the send template")?,
                 ),
                 _ => None,
+            };
+            let shared = if own_source {
+                drop(shared);
+                if let Some(t) = &mut template {
+                    self.conn.qps[q]
+                        .template_source_mut(t)
+                        .or_fail("Couldn't write the template's source")?;
+                }
+                None
+            } else {
+                shared
             };
             self.bufs.push(Buffers {
                 pool,
@@ -353,6 +369,12 @@ impl<S: Submit> DataPath for SafePath<S> {
         let bufs = &mut self.bufs[0];
         if plan.inline {
             bufs.inline[last] = v;
+            return Ok(());
+        }
+        if let Some(t) = &mut bufs.template {
+            self.conn.qps[0]
+                .template_source_mut(t)
+                .or_fail("Couldn't write the template's source")?[last] = v;
             return Ok(());
         }
         let c = bufs

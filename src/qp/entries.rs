@@ -302,6 +302,14 @@ pub(crate) enum Loan {
     Side,
 }
 
+impl super::ledger::Payload for Loan {
+    /// Only [`Loan::Empty`] drops nothing.
+    #[inline(always)]
+    fn inert(&self) -> bool {
+        matches!(self, Loan::Empty)
+    }
+}
+
 impl Loan {
     /// Gives the owned chunks to `out`, in scatter/gather order; shared
     /// ones are let go.

@@ -80,11 +80,23 @@
 //!   post, a panicking iterator, an aborted batch): such a request never
 //!   reached a device, so its stamp, the queue's latest, may be issued
 //!   again.
-//! * **Nothing is touched that is not outstanding.** A slot's payload is
-//!   `Some` exactly when its stamp is not 0; taking it clears both. The
-//!   payloads are `ManuallyDrop`, so dropping an empty ledger visits no
-//!   slot; a ledger dropped with requests outstanding (after its queue was
-//!   destroyed) drops each of them.
+//! * **Nothing is touched that is not outstanding.** On a receive queue a
+//!   slot's payload is `Some` exactly when its stamp is not 0; taking it
+//!   clears both. On a send queue a completion is accepted only for a slot
+//!   inside the window `tail..head` (as well as with the exact stamp), so
+//!   slots outside it are never read, whatever they still hold.
+//! * **Inert payloads need no visit.** A payload is *inert* when dropping
+//!   it does nothing ([`Payload::inert`]: no chunk, no box, no side entry;
+//!   a request from a [`SendTemplate`](super::SendTemplate), whose source
+//!   the QP keeps apart). The ledger counts the outstanding payloads that
+//!   are not inert; when there are none, a send completion whose caller
+//!   needs no per-request record ([`Ledger::complete_quiet`]) just moves
+//!   `tail`, in constant time, and the slots it passed keep a stale stamp
+//!   and an inert payload, which the window rule never reads and a later
+//!   insert overwrites without dropping (it is `ManuallyDrop`: forgetting
+//!   an inert payload loses nothing). The payloads are `ManuallyDrop`, so
+//!   dropping an empty ledger visits no slot; a ledger dropped with
+//!   requests outstanding (after its queue was destroyed) drops each slot's.
 //!
 //! The randomized model tests (`ledger/tests.rs`, `ledger/proptests.rs`)
 //! drive both disciplines, block crossings included, against a plain
@@ -101,6 +113,14 @@ const KIND_SHIFT: u32 = 62;
 pub(crate) const STAMP_MASK: u64 = (1 << KIND_SHIFT) - 1;
 /// Block numbers stay below this, so that every stamp fits in 62 bits.
 const BLOCK_LIMIT: u64 = (1 << KIND_SHIFT) / BLOCK;
+
+/// What a ledger slot holds: [`inert`](Payload::inert) says whether
+/// dropping it would do nothing, so that it may be forgotten (see the
+/// module docs).
+pub(crate) trait Payload {
+    /// `true` only if dropping `self` does nothing at all.
+    fn inert(&self) -> bool;
+}
 
 /// The sort of queue a tag names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -208,6 +228,8 @@ pub(crate) struct Ledger<T> {
     slots: Box<[Slot<T>]>,
     mask: u64,
     live: usize,
+    /// How many outstanding payloads are not [inert](Payload::inert).
+    heavy: usize,
     order: Order,
     /// The next unused stamp of this queue's blocks, and their end.
     next: u64,
@@ -224,7 +246,7 @@ impl<T> std::fmt::Debug for Ledger<T> {
     }
 }
 
-impl<T> Ledger<T> {
+impl<T: Payload> Ledger<T> {
     /// An empty ledger for a queue of `kind` holding up to `cap` requests.
     /// Allocates everything it will ever need now (one array of slots).
     pub(crate) fn new(kind: Kind, cap: usize) -> Self {
@@ -250,6 +272,7 @@ impl<T> Ledger<T> {
             slots,
             mask: len as u64 - 1,
             live: 0,
+            heavy: 0,
             order,
             next: 0,
             end: 0,
@@ -363,7 +386,10 @@ impl<T> Ledger<T> {
         }
         slot.stamp = stamp;
         slot.wr_id = wr_id;
-        *slot.load = Some(payload);
+        self.heavy += usize::from(!payload.inert());
+        // Assigning the `ManuallyDrop` itself drops nothing: a ring slot
+        // passed by a quiet completion may still hold an inert payload.
+        slot.load = ManuallyDrop::new(Some(payload));
         self.live += 1;
         Ok(self.kind.tag(stamp))
     }
@@ -420,6 +446,7 @@ impl<T> Ledger<T> {
                 *first = idx as u32;
                 self.live -= 1;
                 let payload = slot.load.take()?;
+                self.heavy -= usize::from(!payload.inert());
                 if stamp + 1 == self.next {
                     self.next = stamp;
                 }
@@ -430,7 +457,9 @@ impl<T> Ledger<T> {
             self.next = stamp;
         }
         let slot = &mut self.slots[idx];
-        slot.load.take().map(|p| (slot.wr_id, p))
+        let p = slot.load.take()?;
+        self.heavy -= usize::from(!p.inert());
+        Some((slot.wr_id, p))
     }
 
     /// The stamp of `tag` if it names a request outstanding here.
@@ -440,13 +469,30 @@ impl<T> Ledger<T> {
             return None;
         }
         let stamp = tag & STAMP_MASK;
-        let s = &self.slots[(stamp & self.mask) as usize];
-        (stamp != 0 && s.stamp == stamp).then_some(stamp)
+        let idx = stamp & self.mask;
+        let s = &self.slots[idx as usize];
+        if stamp == 0 || s.stamp != stamp {
+            return None;
+        }
+        match self.order {
+            // Only slots of the window `tail..head` hold outstanding
+            // requests (the others may keep a stale stamp).
+            Order::Ring { tail, .. } => {
+                (idx.wrapping_sub(tail) & self.mask < self.live as u64).then_some(stamp)
+            }
+            Order::Free { .. } => Some(stamp),
+        }
     }
 
     /// Whether `tag` names a request outstanding here.
     #[cfg(test)]
     pub(crate) fn holds(&self, tag: u64) -> bool {
+        self.outstanding(tag)
+    }
+
+    /// Whether `tag` names a request outstanding here.
+    #[inline]
+    pub(crate) fn outstanding(&self, tag: u64) -> bool {
         self.own_stamp(tag).is_some()
     }
 
@@ -456,6 +502,7 @@ impl<T> Ledger<T> {
         let slot = &mut self.slots[idx];
         let payload = slot.load.take()?;
         let wr_id = slot.wr_id;
+        self.heavy -= usize::from(!payload.inert());
         self.free(idx);
         Some(Released {
             wr_id,
@@ -463,6 +510,29 @@ impl<T> Ledger<T> {
             payload,
             slot: idx,
         })
+    }
+
+    /// [`complete`](Self::complete) for a caller that needs only the
+    /// payloads that are not [inert](Payload::inert) (and how many
+    /// requests ended): when none is outstanding, a send completion just
+    /// moves the ring's tail, visiting no slot (see the module docs);
+    /// otherwise `f` is called as `complete` calls it.
+    #[inline(always)]
+    pub(crate) fn complete_quiet(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
+        if self.heavy == 0 {
+            if let Order::Ring { tail, .. } = self.order {
+                let Some(stamp) = self.own_stamp(tag) else {
+                    return 0;
+                };
+                let n = ((stamp & self.mask).wrapping_sub(tail) & self.mask) + 1;
+                self.live -= n as usize;
+                if let Order::Ring { tail, .. } = &mut self.order {
+                    *tail += n;
+                }
+                return n as usize;
+            }
+        }
+        self.complete(tag, f)
     }
 
     /// Ends what the completion with `tag` ends, calling `f` for each
@@ -495,6 +565,7 @@ impl<T> Ledger<T> {
             let slot = &mut self.slots[i];
             slot.stamp = 0;
             if let Some(payload) = slot.load.take() {
+                self.heavy -= usize::from(!payload.inert());
                 f(Released {
                     wr_id: slot.wr_id,
                     own: k + 1 == n,

@@ -13,22 +13,35 @@ use crate::mr::Chunk;
 
 impl Pending {
     /// Ends what send completion `tag` ends (`ok`: it succeeded), oldest
-    /// first: window loans settle, side entries are let go.
+    /// first: window loans settle, side entries are let go. `QUIET`: `on`
+    /// needs only the loans that hold something (a completion that ends
+    /// only empty ones may visit none of them).
     #[inline(always)]
-    pub(super) fn complete_send(
+    pub(super) fn complete_send<const QUIET: bool>(
         &mut self,
         tag: u64,
         ok: bool,
         on: &mut impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
         let (send, side) = self.send_and_side();
-        send.complete(tag, |r| {
+        let each = |r: super::ledger::Released<Loan>| {
             let loan = match r.payload {
                 Loan::Side => side_loan(side, r.slot, ok || !r.own),
                 loan => loan,
             };
             on(r.wr_id, r.own, Kind::Send, loan)
-        })
+        };
+        let n = if QUIET {
+            send.complete_quiet(tag, each)
+        } else {
+            send.complete(tag, each)
+        };
+        // The template sources no outstanding request (and no template)
+        // needs any more go back now, as a request's own handle would.
+        if n > 0 && !self.pins.is_empty() {
+            self.settle_pins();
+        }
+        n
     }
 
     /// Ends the receive completion `tag` names.
@@ -75,7 +88,7 @@ impl QueuePair {
         wc: &C,
         mut f: impl FnMut(Completed),
     ) -> usize {
-        self.route(wc, |wr_id, own, kind, loan| {
+        self.route::<C, false>(wc, |wr_id, own, kind, loan| {
             f(Completed::new(wr_id, own, kind, loan))
         })
     }
@@ -110,7 +123,7 @@ impl QueuePair {
     pub fn reclaim_one<C: Completion + ?Sized>(&mut self, wc: &C) -> Option<Completed> {
         let mut named = None;
         let mut earlier = None::<Vec<Completed>>;
-        self.route(wc, |wr_id, own, kind, loan| {
+        self.route::<C, false>(wc, |wr_id, own, kind, loan| {
             let c = Completed::new(wr_id, own, kind, loan);
             if own {
                 named = Some(c);
@@ -126,9 +139,10 @@ impl QueuePair {
 
     /// The one routing of a completion: by the tag's kind to this QP's
     /// send or receive ledger or to its SRQ, `on(wr_id, own, kind, loan)`
-    /// for each request it ends, oldest first.
+    /// for each request it ends, oldest first (`QUIET`: for each that
+    /// lent something, at least).
     #[inline(always)]
-    fn route<C: Completion + ?Sized>(
+    fn route<C: Completion + ?Sized, const QUIET: bool>(
         &mut self,
         wc: &C,
         mut on: impl FnMut(u64, bool, Kind, Loan),
@@ -140,7 +154,7 @@ impl QueuePair {
         let kind = Kind::of(tag);
         let ok = wc.succeeded();
         let n = match kind {
-            Some(Kind::Send) => self.pending_mut().complete_send(tag, ok, &mut on),
+            Some(Kind::Send) => self.pending_mut().complete_send::<QUIET>(tag, ok, &mut on),
             Some(Kind::Recv) => self.pending_mut().complete_recv(tag, &mut on),
             Some(Kind::Srq) => self.srq().map_or(0, |srq| {
                 srq.reclaim_tag(tag, |c| on(c.wr_id, c.signaled, Kind::Srq, c.loan))
@@ -208,7 +222,7 @@ impl QueuePair {
         wc: &C,
         chunks: &mut E,
     ) -> usize {
-        self.route(wc, |_, _, _, loan| loan.give_owned(chunks))
+        self.route::<C, true>(wc, |_, _, _, loan| loan.give_owned(chunks))
     }
 
     /// Moves the QP to RESET (`ibv_modify_qp` with `IBV_QP_STATE` only)

@@ -4,11 +4,15 @@
 //! read-only source ([`SharedChunk`]) or with no data, where the per-request
 //! checks of [`QueuePair::post_send`] would only repeat themselves.
 
+use std::cell::Cell;
 use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::chain::{post_chain, refuse_all, Chain};
 use super::completed::PostError;
-use super::entries::{Lent, Loan};
+use super::entries::Loan;
+use super::post::Keeper;
 use super::request::{SendOp, SendWr};
 use super::QueuePair;
 use crate::error::{Error, Result};
@@ -19,8 +23,14 @@ use crate::sys;
 /// read-only [`SharedChunk`] (or with no data), checked once against the
 /// QP it was made for ([`QueuePair::send_template`]).
 ///
-/// Each request posted from it holds a clone of the source until it ends,
-/// as [`SendWr::sge_shared`] does.
+/// The QP keeps the source alive while requests posted from it may be
+/// outstanding (one record per QP and source, rather than a handle per
+/// request as [`SendWr::sge_shared`] has), so a request costs the ledger
+/// a record that holds nothing, and its completion need not visit it.
+/// While the template lives, its own handle does that; dropped with
+/// requests outstanding, it leaves the handle with the QP, which lets go
+/// when they end. Between rounds of requests, when none is outstanding,
+/// [`QueuePair::template_source_mut`] writes the source in place.
 ///
 /// ```no_run
 /// # fn f(qp: &mut rdma_verbs::QueuePair, src: &rdma_verbs::SharedChunk,
@@ -40,6 +50,22 @@ pub struct SendTemplate {
     sge: sys::ibv_sge,
     /// The QP it was checked for (its address: compared, never followed).
     qp: usize,
+    /// Shared with the QP's pin of the source (see `post::Pin`): tells
+    /// the QP whether a template (this one or a clone) still lives, and
+    /// takes the source's handle from the first of them dropped.
+    keeper: Arc<Keeper>,
+}
+
+impl Drop for SendTemplate {
+    /// Leaves the source's handle with the QP while a request from the
+    /// template may be outstanding there (see `post::Pin`).
+    fn drop(&mut self) {
+        if let Some((src, _)) = self.src.take() {
+            if self.keeper.active.load(Ordering::Acquire) {
+                let _ = self.keeper.handle.set(src);
+            }
+        }
+    }
 }
 
 impl QueuePair {
@@ -89,6 +115,7 @@ impl QueuePair {
             sge,
             src: src.map(|(s, len)| (s.clone(), len as u32)),
             qp: self.as_ptr() as usize,
+            keeper: Arc::new(Keeper::default()),
         })
     }
 
@@ -119,6 +146,9 @@ impl QueuePair {
         }
         let qp = self.as_ptr();
         let p = self.pending_mut();
+        // The QP keeps the source while the requests may be outstanding.
+        let pin = t.src.as_ref().map(|_| p.pin(&t.keeper));
+        let newest = Cell::new(0u64);
         let chain = Chain {
             ledger: &mut p.send,
             side: &mut p.side,
@@ -126,7 +156,7 @@ impl QueuePair {
             n: 0,
         };
         let opcode = t.op.opcode();
-        post_chain(
+        let res = post_chain(
             VERB,
             chain,
             reqs.into_iter(),
@@ -144,21 +174,80 @@ impl QueuePair {
                 super::post::fill_op(&t.op, raw);
             },
             |ledger, _, (wr_id, _)| {
-                let loan = match &t.src {
-                    Some((s, _)) => Loan::One(Lent::Shared(s.clone())),
-                    None => Loan::Empty,
-                };
-                ledger.insert(wr_id, loan)
+                let tag = ledger.insert(wr_id, Loan::Empty)?;
+                newest.set(tag);
+                Ok(tag)
             },
             |_, _| {},
             |n, room, held| super::post::send_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // A NULL-terminated chain into the scratch; its one entry
-                // names the template's source, which every request's
-                // ledger record holds a clone of until it ends.
+                // names the template's source, which the QP's pin keeps
+                // (set below: nothing frees it before this call returns)
+                // until the newest of these requests is no longer
+                // outstanding, and so every one of them (in order).
                 // SAFETY: a live QP and a valid chain over memory that outlives its use.
                 unsafe { sys::ibv_post_send(qp, chain, bad) }
             },
-        )
+        );
+        // The requests the ledger keeps (all of the call's, unless it was
+        // refused whole and undone) are now the pin's newest.
+        let kept = match &res {
+            Ok(()) => true,
+            Err(e) => e.posted > 0,
+        };
+        if let Some(i) = pin {
+            let p = self.pending_mut();
+            if kept && newest.get() != 0 {
+                p.pin_posted(i, newest.get());
+            } else {
+                // Nothing of the call stays: a pin made for it goes again.
+                p.unpin_unused(i);
+            }
+        }
+        res
+    }
+
+    /// The template's source, to write in place between rounds of
+    /// requests: refused while a request posted from it may still be
+    /// outstanding on this QP, when another handle of the source exists
+    /// (a clone, another template, a request of another QP or of
+    /// [`post_send`](Self::post_send)), and for a template of another QP
+    /// or with no source.
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, src: rdma_verbs::SharedChunk,
+    /// #      remote: rdma_verbs::qp::RemoteAddr) -> Result<(), Box<dyn std::error::Error>> {
+    /// use rdma_verbs::qp::SendOp;
+    /// let mut write = qp.send_template(SendOp::RdmaWrite(remote), Some((&src, 64)))?;
+    /// drop(src); // the template's handle is now the only one
+    /// qp.template_source_mut(&mut write)?[63] = 1;
+    /// qp.post_template(&write, [(1, true)])?;
+    /// // ... once its completion was reclaimed:
+    /// qp.template_source_mut(&mut write)?[63] = 2;
+    /// # Ok(()) }
+    /// ```
+    pub fn template_source_mut<'t>(&mut self, t: &'t mut SendTemplate) -> Result<&'t mut [u8]> {
+        const VERB: &str = "ibv_post_send";
+        if t.qp != self.as_ptr() as usize {
+            return Err(Error::invalid(VERB, "the template was made for another QP"));
+        }
+        let Some((src, _)) = t.src.as_mut() else {
+            return Err(Error::invalid(VERB, "the template has no source"));
+        };
+        if self.pending().pinned(&t.keeper) {
+            return Err(Error::invalid(
+                VERB,
+                "a request posted from the template may still be outstanding \
+                 (reclaim its completion first)",
+            ));
+        }
+        match src.get_mut() {
+            Some(chunk) => Ok(chunk.as_mut_slice()),
+            None => Err(Error::invalid(
+                VERB,
+                "the template's source has other handles (clones, requests or other QPs)",
+            )),
+        }
     }
 }

@@ -33,6 +33,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "by_value::send_templates_post_streams_and_refuse_misuse",
         templates,
     ),
+    (
+        "by_value::a_template_source_stays_with_the_qp_until_its_requests_end",
+        template_sources,
+    ),
 ];
 
 fn caps() -> QpCaps {
@@ -375,6 +379,109 @@ fn templates(env: &Env) -> Result<(), Failed> {
     ensure!(
         p.a.post_template(&t, [(1, true)]).is_err(),
         "a template posted in RESET"
+    );
+    Ok(())
+}
+
+/// The QP keeps a template's source while requests from it are
+/// outstanding and the template was dropped, lets go of it when the
+/// completion that ends them is reclaimed (the quiet path of
+/// `reclaim_chunks`, which visits no slot), and after a RESET;
+/// `template_source_mut` writes the source only when nothing else can
+/// reach it; owned chunks posted among template requests still come back.
+fn template_sources(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::SharedChunk;
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
+    let target = crate::common::remote_region(&p.pd, 64)?;
+    let remote = RemoteAddr {
+        addr: target.addr(),
+        rkey: target.rkey(),
+    };
+    let mut chunks = p.pd.alloc_chunks(3, 64, AccessFlags::LOCAL_WRITE)?;
+    let mut c = chunks.pop().ok_or("no chunk")?;
+    c.as_mut_slice().fill(0x11);
+    let src = SharedChunk::new(c);
+    let write = SendOp::RdmaWrite(remote);
+    let t = p.a.send_template(write, Some((&src, 64)))?;
+    p.a.post_template(&t, (0..4).map(|i| (i, i == 3)))?;
+    // While the template lives, the QP adds no handle.
+    ensure!(
+        src.holders() == 2,
+        "{} holders (src, template)",
+        src.holders()
+    );
+    drop(t);
+    // Dropped with requests outstanding: the QP keeps its handle.
+    ensure!(
+        src.holders() == 2,
+        "{} holders after the template went",
+        src.holders()
+    );
+    let mut t2 = p.a.send_template(write, Some((&src, 64)))?;
+    let e =
+        p.a.template_source_mut(&mut t2)
+            .expect_err("the QP holds the source");
+    ensure!(e.to_string().contains("other handles"), "{e}");
+    let wcs = poll_n(&p.cq, 1)?;
+    ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    let mut back: Vec<rdma_verbs::Chunk> = Vec::new();
+    ensure!(p.a.reclaim_chunks(&wcs[0], &mut back) == 4, "4 writes end");
+    ensure!(back.is_empty(), "a template request handed back a chunk");
+    ensure!(
+        p.a.reclaim_chunks(&wcs[0], &mut back) == 0,
+        "the same completion twice"
+    );
+    ensure!(
+        src.holders() == 2,
+        "{} holders after the completion (src, t2)",
+        src.holders()
+    );
+    let e = p.a.template_source_mut(&mut t2).expect_err("src is alive");
+    ensure!(e.to_string().contains("other handles"), "{e}");
+    let e = p.b.template_source_mut(&mut t2).expect_err("another QP");
+    ensure!(e.to_string().contains("another QP"), "{e}");
+    drop(src);
+    p.a.template_source_mut(&mut t2)?.fill(0x77);
+    // An owned chunk among template requests (the slow walk): it comes back.
+    let own = chunks.pop().ok_or("no chunk")?;
+    p.a.post_template(&t2, [(10, false)])?;
+    p.a.post_send([SendWr::new(11, write).sge(own).unsignaled()])?;
+    p.a.post_template(&t2, [(12, true)])?;
+    let e =
+        p.a.template_source_mut(&mut t2)
+            .expect_err("outstanding again");
+    ensure!(e.to_string().contains("outstanding"), "{e}");
+    let wcs = poll_n(&p.cq, 1)?;
+    ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    ensure!(p.a.reclaim_chunks(&wcs[0], &mut back) == 3, "3 writes end");
+    ensure!(back.len() == 1, "{} owned chunks back, not 1", back.len());
+    let mut got = [0u8; 64];
+    target.read(0, &mut got)?;
+    ensure!(
+        got.iter().all(|&b| b == 0x77),
+        "the rewritten source did not land"
+    );
+    p.a.template_source_mut(&mut t2)?[0] = 0x78;
+    // Outstanding template requests and a RESET: the QP lets go.
+    let keep = SharedChunk::new(chunks.pop().ok_or("no chunk")?);
+    let t3 = p.a.send_template(write, Some((&keep, 64)))?;
+    p.a.post_template(&t3, [(20, false), (21, false)])?;
+    drop(t3);
+    ensure!(
+        keep.holders() == 2,
+        "{} holders (keep, the QP)",
+        keep.holders()
+    );
+    let released = p.a.reset()?;
+    ensure!(
+        released.len() == 2,
+        "{} requests back from RESET",
+        released.len()
+    );
+    ensure!(
+        keep.holders() == 1,
+        "{} holders after RESET",
+        keep.holders()
     );
     Ok(())
 }

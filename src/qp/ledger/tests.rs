@@ -118,6 +118,25 @@ impl Rng {
 #[derive(Debug, PartialEq, Eq)]
 struct Token(u64);
 
+impl Payload for Token {
+    fn inert(&self) -> bool {
+        false
+    }
+}
+
+/// Plain values in the unit tests: never inert, so every request is
+/// handed back.
+macro_rules! heavy {
+    ($($t:ty),*) => {$(
+        impl Payload for $t {
+            fn inert(&self) -> bool {
+                false
+            }
+        }
+    )*};
+}
+heavy!((), u64, char, &str);
+
 /// The device's view of one queue: what it has been given and not yet
 /// completed, in order.
 #[derive(Default)]
