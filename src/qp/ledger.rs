@@ -465,7 +465,7 @@ impl<T: Payload> Ledger<T> {
     /// The stamp of `tag` if it names a request outstanding here.
     #[inline(always)]
     fn own_stamp(&self, tag: u64) -> Option<u64> {
-        if Kind::of(tag) != Some(self.kind) {
+        if tag >> KIND_SHIFT != self.kind as u64 {
             return None;
         }
         let stamp = tag & STAMP_MASK;

@@ -314,9 +314,11 @@ impl Pending {
     /// Whether a request posted from the template whose keeper is `keeper`
     /// may still be outstanding here.
     pub(super) fn pinned(&self, keeper: &Arc<Keeper>) -> bool {
-        self.pins
-            .iter()
-            .any(|p| Arc::ptr_eq(&p.keeper, keeper) && self.send.outstanding(p.last))
+        self.send.len() > 0
+            && self
+                .pins
+                .iter()
+                .any(|p| Arc::ptr_eq(&p.keeper, keeper) && self.send.outstanding(p.last))
     }
 
     /// After a send completion: the pins whose requests all ended become
@@ -326,9 +328,12 @@ impl Pending {
     #[inline]
     pub(super) fn settle_pins(&mut self) {
         let send = &self.send;
+        // An empty send queue (the common case of a round of requests
+        // ended) holds none of any pin's.
+        let idle = send.len() == 0;
         let mut orphans = false;
         for p in self.pins.iter_mut() {
-            if p.active && !send.outstanding(p.last) {
+            if p.active && (idle || !send.outstanding(p.last)) {
                 p.active = false;
                 p.keeper.active.store(false, Ordering::Release);
             }
