@@ -337,12 +337,11 @@ impl<S: Submit> DataPath for SafePath<S> {
     #[inline(never)]
     fn post_recvs(&mut self, q: usize, n: usize) -> Res<()> {
         let pool = &mut self.recv_pool[q];
-        let n = n.min(pool.len());
-        let start = pool.len() - n;
+        let n = n.min(pool.len()) as u64;
+        // The newest free chunks first, popped one at a time (no `Drain`
+        // to keep and close).
         let res = self.conn.qps[q].post_recv(
-            pool.drain(start..)
-                .enumerate()
-                .map(|(i, c)| RecvWr::new(RECV | i as u64).sge(c)),
+            (0..n).map_while(|i| pool.pop().map(|c| RecvWr::new(RECV | i).sge(c))),
         );
         res.map_err(|e| {
             let msg = format!("Couldn't post receive: {e}");

@@ -317,8 +317,19 @@ impl Loan {
     pub(crate) fn give_owned<E: Extend<Chunk>>(self, out: &mut E) {
         match self {
             Loan::One(Lent::Own(c)) => out.extend(Some(c)),
-            Loan::One(Lent::Shared(_)) | Loan::Empty | Loan::Side => {}
+            Loan::Empty | Loan::Side => {}
+            // The rare cases (a clone to drop, a box to take apart) out of
+            // line, so that the common ones inline into the caller.
+            other => other.give_rare(out),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn give_rare<E: Extend<Chunk>>(self, out: &mut E) {
+        match self {
             Loan::Many(e) => out.extend(e.lent.into_iter().flatten().filter_map(Lent::owned)),
+            other => drop(other),
         }
     }
 
