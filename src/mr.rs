@@ -510,6 +510,14 @@ impl Chunk {
         unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 
+    /// Which region the chunk is of (the region's address in memory,
+    /// compared, never followed: the region lives while a chunk of it
+    /// does).
+    #[inline]
+    pub(crate) fn region_id(&self) -> usize {
+        Arc::as_ptr(&self.mr) as usize
+    }
+
     /// The protection domain's object: unique among live PDs of every
     /// context (kernel PD handles restart at 0 in each context).
     #[inline]

@@ -340,9 +340,8 @@ impl<S: Submit> DataPath for SafePath<S> {
         let n = n.min(pool.len()) as u64;
         // The newest free chunks first, popped one at a time (no `Drain`
         // to keep and close).
-        let res = self.conn.qps[q].post_recv(
-            (0..n).map_while(|i| pool.pop().map(|c| RecvWr::new(RECV | i).sge(c))),
-        );
+        let res = self.conn.qps[q]
+            .post_recv((0..n).map_while(|i| pool.pop().map(|c| RecvWr::new(RECV | i).sge(c))));
         res.map_err(|e| {
             let msg = format!("Couldn't post receive: {e}");
             pool.extend(e.returned);

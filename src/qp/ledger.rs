@@ -520,16 +520,22 @@ impl<T: Payload> Ledger<T> {
     #[inline(always)]
     pub(crate) fn complete_quiet(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
         if self.heavy == 0 {
-            if let Order::Ring { tail, .. } = self.order {
-                let Some(stamp) = self.own_stamp(tag) else {
+            if let Order::Ring { tail, .. } = &mut self.order {
+                // `own_stamp` and the tail's move in one place.
+                let stamp = tag & STAMP_MASK;
+                let idx = stamp & self.mask;
+                // The completed request's place in the window tail..head.
+                let k = idx.wrapping_sub(*tail) & self.mask;
+                if tag >> KIND_SHIFT != self.kind as u64
+                    || k >= self.live as u64
+                    || stamp == 0
+                    || self.slots[idx as usize].stamp != stamp
+                {
                     return 0;
-                };
-                let n = ((stamp & self.mask).wrapping_sub(tail) & self.mask) + 1;
-                self.live -= n as usize;
-                if let Order::Ring { tail, .. } = &mut self.order {
-                    *tail += n;
                 }
-                return n as usize;
+                *tail += k + 1;
+                self.live -= k as usize + 1;
+                return k as usize + 1;
             }
         }
         self.complete(tag, f)

@@ -56,6 +56,10 @@ pub struct RecvBuffers {
     posting: Vec<u32>,
     size: usize,
     id: u32,
+    /// The region of every buffer (see `Chunk::region_id`) and its first
+    /// buffer's address: buffer `i` is `size` bytes at `base + i * size`.
+    region: usize,
+    base: u64,
 }
 
 /// What [`RecvBuffers::take`] made of a completion.
@@ -99,7 +103,10 @@ impl RecvBuffers {
             ));
         }
         let chunks = pd.alloc_chunks(count, size, AccessFlags::LOCAL_WRITE)?;
+        let (region, base) = chunks.first().map_or((0, 0), |c| (c.region_id(), c.addr()));
         Ok(RecvBuffers {
+            region,
+            base,
             chunks: chunks.into_iter().map(Some).collect(),
             free: (0..count as u32).collect(),
             posting: Vec::with_capacity(count),
@@ -228,20 +235,23 @@ impl RecvBuffers {
         Ok(())
     }
 
-    /// Stores a request's chunk in its buffer's place if it is this pool's.
+    /// Stores a request's chunk in its buffer's place if it is this pool's:
+    /// its `wr_id` names a posted buffer of the pool, and its one chunk is
+    /// that very buffer (a receive the caller posted with a `wr_id` of the
+    /// pool's is not the pool's, whatever its chunks).
     fn keep(&mut self, c: Completed) -> std::result::Result<u32, Completed> {
         let index = (c.wr_id & u64::from(u32::MAX)) as u32;
+        let at = self.base + u64::from(index) * self.size as u64;
         let ours = c.wr_id == self.wr_id(index)
-            && self.chunks.get(index as usize).is_some_and(Option::is_none);
+            && self.chunks.get(index as usize).is_some_and(Option::is_none)
+            && c.only_chunk().is_some_and(|ch| {
+                ch.region_id() == self.region && ch.addr() == at && ch.len() == self.size
+            });
         if !ours {
             return Err(c);
         }
-        // A receive of this pool names exactly one of its chunks.
-        let mut chunks = c.chunks();
-        let (Some(chunk), None) = (chunks.next(), chunks.next()) else {
-            unreachable!("a receive of the pool has one chunk")
-        };
-        self.chunks[index as usize] = Some(chunk);
+        // `ours` saw exactly one owned chunk: `into_chunk` gives it.
+        self.chunks[index as usize] = c.into_chunk();
         Ok(index)
     }
 }

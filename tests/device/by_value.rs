@@ -26,6 +26,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         recv_buffers_reset,
     ),
     (
+        "by_value::recv_buffers_refuse_a_receive_posted_with_their_wr_id",
+        recv_buffers_forged,
+    ),
+    (
         "by_value::bookkeeping_is_48_bytes_a_queue_slot",
         bookkeeping_bytes,
     ),
@@ -482,6 +486,76 @@ fn template_sources(env: &Env) -> Result<(), Failed> {
         keep.holders() == 1,
         "{} holders after RESET",
         keep.holders()
+    );
+    Ok(())
+}
+
+/// A receive the caller posts with the `wr_id` of one of a pool's posted
+/// buffers (and two chunks of its own) is not the pool's: taken before
+/// the pool's own completion it comes back whole as `Taken::Other`, no
+/// panic, and the pool's buffer is still recognised afterwards.
+fn recv_buffers_forged(env: &Env) -> Result<(), Failed> {
+    let caps = QpCaps {
+        max_recv_sge: 2,
+        ..caps()
+    };
+    let mut p = pair(env, QpType::Rc, caps, AccessFlags::empty())?;
+    let mut bufs = RecvBuffers::new(&p.pd, 1, 64)?;
+    let mut srcs = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    // Learn the pool's wr_id: reclaim its first receive by hand.
+    ensure!(bufs.post(&mut p.b)? == 1, "posted");
+    let src = srcs.pop().ok_or("no chunk")?;
+    p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(src, 8)])?;
+    let mut pool_id = None;
+    for wc in &poll_n(&p.cq, 2)? {
+        if wc.qp_num() == p.a.qp_num() {
+            srcs.extend(p.a.reclaim_one(wc).and_then(Completed::into_chunk));
+        } else {
+            let c =
+                p.b.reclaim_one(wc)
+                    .ok_or("the pool's receive ended nothing")?;
+            pool_id = Some(c.wr_id);
+            bufs.give_back(c)
+                .map_err(|c| format!("not the pool's: {c:?}"))?;
+        }
+    }
+    let pool_id = pool_id.ok_or("no receive completion")?;
+    ensure!(srcs.len() == 2, "{} send chunks", srcs.len());
+    // The pool's buffer posted again, then a forged receive behind it.
+    ensure!(bufs.post(&mut p.b)? == 1, "reposted");
+    let mut mine = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    let (m1, m0) = (mine.pop().ok_or("no chunk")?, mine.pop().ok_or("no chunk")?);
+    p.b.post_recv([RecvWr::new(pool_id).sge(m0).sge(m1)])?;
+    p.a.post_send(
+        srcs.drain(..)
+            .map(|c| SendWr::new(2, SendOp::Send).sge_len(c, 8)),
+    )?;
+    let mut recvs = Vec::new();
+    for wc in poll_n(&p.cq, 4)? {
+        if wc.qp_num() == p.a.qp_num() {
+            p.a.reclaim_chunks(&wc, &mut srcs);
+        } else {
+            recvs.push(wc);
+        }
+    }
+    ensure!(srcs.len() == 2, "{} send chunks back", srcs.len());
+    ensure!(recvs.len() == 2, "{} receive completions", recvs.len());
+    // The forged one first, while the pool's buffer is still posted.
+    match bufs.take(&mut p.b, &recvs[1]) {
+        Taken::Other(c) => ensure!(
+            c.wr_id == pool_id && c.chunks().count() == 2,
+            "the forged receive came back changed"
+        ),
+        other => return Err(format!("a forged receive taken as {other:?}").into()),
+    }
+    match bufs.take(&mut p.b, &recvs[0]) {
+        Taken::Mine(msg) => ensure!(msg.is_success() && msg.len() == 8, "{} bytes", msg.len()),
+        other => return Err(format!("the pool's receive taken as {other:?}").into()),
+    }
+    ensure!(
+        bufs.free() == 1 && bufs.posted() == 0,
+        "{} free",
+        bufs.free()
     );
     Ok(())
 }
