@@ -139,11 +139,15 @@ pub struct Opts {
     pub atomic: AtomicType,
     pub rx_depth: usize,
     pub path: PathKind,
+    /// `--recv-buffers`: the safe path's receives from queue-owned
+    /// buffers (`RecvBuffers`) rather than chunks it moves itself.
+    pub recv_buffers: bool,
 }
 
 /// `--raw` and `--ex` have no short form.
 const RAW: char = '\0';
 const EX: char = '\u{1}';
+const RECV_BUFFERS: char = '\u{2}';
 
 const OPTS: &[OptDef] = &[
     opt('d', "ib-dev", true),
@@ -163,6 +167,7 @@ const OPTS: &[OptDef] = &[
     opt('r', "rx-depth", true),
     opt(RAW, "raw", false),
     opt(EX, "ex", false),
+    opt(RECV_BUFFERS, "recv-buffers", false),
     opt('F', "CPU-freq", false),
     opt('h', "help", false),
 ];
@@ -192,6 +197,7 @@ Options (both ends must be given the same TEST and options):
   -r, --rx-depth=N          receives kept posted (send tests, default 512, at most iters)
       --raw                 the raw path: sys structs, post_send_raw/post_recv_raw
       --ex                  the safe path's requests through an extended QP's batch
+      --recv-buffers        the safe path's receives from queue-owned buffers (RecvBuffers)
                             (start_batch, post, complete; -l requests per batch)
   -F, --CPU-freq            accepted and ignored
   -h, --help                this text";
@@ -236,6 +242,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         atomic: AtomicType::FetchAndAdd,
         rx_depth: 512,
         path: PathKind::Safe,
+        recv_buffers: false,
     };
     let mut size = None;
     let mut tx_given = false;
@@ -286,10 +293,14 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
                 }
                 o.path = want;
             }
+            RECV_BUFFERS => o.recv_buffers = true,
             'F' => {}
             'h' => return Err(String::new()),
             _ => return Err(format!("option -{c} is not handled")),
         }
+    }
+    if o.recv_buffers && o.path == PathKind::Raw {
+        return Err("--recv-buffers is a safe-path option, not --raw's".into());
     }
     if o.atomic == AtomicType::CmpAndSwap && test.verb() != Verb::Atomic {
         return Err("-A applies to the atomic tests only".into());

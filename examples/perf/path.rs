@@ -33,6 +33,8 @@ pub struct Plan {
     pub atomic: AtomicType,
     pub events: bool,
     pub iters: u64,
+    /// `--recv-buffers`.
+    pub recv_buffers: bool,
 }
 
 impl Plan {
@@ -76,6 +78,7 @@ impl Plan {
             atomic: o.atomic,
             events: o.events,
             iters: o.iters,
+            recv_buffers: o.recv_buffers,
         }
     }
 

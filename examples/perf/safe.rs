@@ -12,7 +12,7 @@
 
 use std::marker::PhantomData;
 
-use rdma_verbs::qp::{RecvWr, SendOp, SendTemplate, SendWr};
+use rdma_verbs::qp::{RecvBuffers, RecvWr, SendOp, SendTemplate, SendWr, Taken};
 use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WcOpcode, WorkCompletion};
 
 use crate::opts::Test;
@@ -100,6 +100,9 @@ pub struct SafePath<S: Submit = Basic> {
     ops: Vec<Op>,
     bufs: Vec<Buffers>,
     recv_pool: Vec<Vec<Chunk>>,
+    /// `--recv-buffers`: per QP, its queue-owned receive buffers (then
+    /// `recv_pool` stays empty).
+    recv_bufs: Vec<RecvBuffers>,
     rx_bufs: usize,
     wcs: [WorkCompletion; POLL_BATCH],
     qpns: Vec<u32>,
@@ -115,6 +118,7 @@ impl<S: Submit> SafePath<S> {
             ops: Vec::new(),
             bufs: Vec::new(),
             recv_pool: Vec::new(),
+            recv_bufs: Vec::new(),
             rx_bufs: 0,
             wcs: [WorkCompletion::default(); POLL_BATCH],
             qpns,
@@ -183,6 +187,10 @@ impl<S: Submit> SafePath<S> {
             // shared sources are just let go).
             let qp = &mut self.conn.qps[q];
             if matches!(wc.opcode(), Ok(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)) {
+                if let Some(bufs) = self.recv_bufs.get_mut(q) {
+                    p.recvs_done[q] += take_recv(bufs, qp, wc)?;
+                    continue;
+                }
                 p.recvs_done[q] += qp.reclaim_chunks(wc, &mut self.recv_pool[q]) as u64;
             } else {
                 p.sends_done[q] += qp.reclaim_chunks(wc, &mut self.bufs[q].pool) as u64;
@@ -192,11 +200,24 @@ impl<S: Submit> SafePath<S> {
     }
 }
 
+/// A receive of `--recv-buffers`: the bytes are lent until the end of
+/// this call (out of line, so that the chunk path's completions stay as
+/// they were).
+#[inline(never)]
+fn take_recv(bufs: &mut RecvBuffers, qp: &mut QueuePair, wc: &WorkCompletion) -> Res<u64> {
+    match bufs.take(qp, wc) {
+        Taken::Mine(msg) => Ok(u64::from(msg.is_success())),
+        Taken::Other(c) => Err(format!("a receive not of the pool: {c:?}")),
+        Taken::Nothing => Ok(0),
+    }
+}
+
 impl<S: Submit> DataPath for SafePath<S> {
     fn prepare(&mut self, plan: &Plan) -> Res<()> {
         let len = plan.size;
         self.bufs.clear();
         self.recv_pool.clear();
+        self.recv_bufs.clear();
         self.ops.clear();
         let access = AccessFlags::LOCAL_WRITE;
         for q in 0..self.conn.qps.len() {
@@ -244,7 +265,13 @@ impl<S: Submit> DataPath for SafePath<S> {
                 inline: vec![0; len],
                 template,
             });
-            let rx = if plan.rx_bufs > 0 {
+            if plan.recv_buffers && plan.rx_bufs > 0 {
+                self.recv_bufs.push(
+                    RecvBuffers::new(&self.conn.pd, plan.rx_bufs, len)
+                        .or_fail("Couldn't register the receive buffers")?,
+                );
+            }
+            let rx = if plan.rx_bufs > 0 && !plan.recv_buffers {
                 self.conn
                     .pd
                     .alloc_chunks(plan.rx_bufs, len, access)
@@ -331,11 +358,20 @@ impl<S: Submit> DataPath for SafePath<S> {
     }
 
     fn free_recvs(&self, q: usize) -> usize {
-        self.recv_pool.get(q).map_or(0, Vec::len)
+        match self.recv_bufs.get(q) {
+            Some(bufs) => bufs.free(),
+            None => self.recv_pool.get(q).map_or(0, Vec::len),
+        }
     }
 
     #[inline(never)]
     fn post_recvs(&mut self, q: usize, n: usize) -> Res<()> {
+        if let Some(bufs) = self.recv_bufs.get_mut(q) {
+            return bufs
+                .post_up_to(&mut self.conn.qps[q], n)
+                .map(|_| ())
+                .map_err(|e| format!("Couldn't post receive: {e}"));
+        }
         let pool = &mut self.recv_pool[q];
         let n = n.min(pool.len()) as u64;
         // The newest free chunks first, popped one at a time (no `Drain`
@@ -401,15 +437,18 @@ impl<S: Submit> DataPath for SafePath<S> {
     }
 
     fn finish(&mut self) -> Res<()> {
-        for (q, pool) in self.recv_pool.iter().enumerate() {
-            if pool.len() != self.rx_bufs {
-                return Err(format!(
-                    "internal: QP {q} has {} of {} receive buffers back",
-                    pool.len(),
-                    self.rx_bufs
-                ));
+        if self.rx_bufs > 0 {
+            for q in 0..self.conn.qps.len() {
+                let back = self.free_recvs(q);
+                if back != self.rx_bufs {
+                    return Err(format!(
+                        "internal: QP {q} has {back} of {} receive buffers back",
+                        self.rx_bufs
+                    ));
+                }
             }
         }
+        self.recv_bufs.clear();
         self.bufs.clear();
         self.recv_pool.clear();
         Ok(())

@@ -152,32 +152,38 @@ impl RecvBuffers {
     /// a completion or a RESET brings them back.
     #[doc(alias = "ibv_post_recv")]
     pub fn post(&mut self, qp: &mut QueuePair) -> Result<usize, PostError> {
-        self.post_with(|wrs| qp.post_recv(wrs))
+        self.post_with(usize::MAX, qp)
+    }
+
+    /// Posts at most `n` free buffers (the ones freed last), as
+    /// [`post`](Self::post) posts all of them; returns how many.
+    #[doc(alias = "ibv_post_recv")]
+    pub fn post_up_to(&mut self, qp: &mut QueuePair, n: usize) -> Result<usize, PostError> {
+        self.post_with(n, qp)
     }
 
     /// Posts every free buffer to `srq`, as [`post`](Self::post) does to a
     /// QP; completions of them come through any QP of the SRQ.
     #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_srq(&mut self, srq: &SharedReceiveQueue) -> Result<usize, PostError> {
-        self.post_with(|wrs| srq.post_recv(wrs))
+        self.post_with(usize::MAX, &mut &*srq)
     }
 
-    fn post_with(
-        &mut self,
-        post: impl FnOnce(&mut dyn Iterator<Item = RecvWr>) -> Result<(), PostError>,
-    ) -> Result<usize, PostError> {
-        let n = self.free.len();
+    fn post_with(&mut self, most: usize, to: &mut impl RecvQueue) -> Result<usize, PostError> {
+        let n = self.free.len().min(most);
         if n == 0 {
             return Ok(0);
         }
         self.posting.clear();
-        self.posting.append(&mut self.free);
+        // The buffers freed last (a refusal puts them back where they were).
+        let start = self.free.len() - n;
+        self.posting.extend(self.free.drain(start..));
         let (id, chunks) = (self.id, &mut self.chunks);
         let mut wrs = self.posting.iter().filter_map(|&i| {
             let c = chunks[i as usize].take()?;
             Some(RecvWr::new((u64::from(id) << 32) | u64::from(i)).sge(c))
         });
-        match post(&mut wrs) {
+        match to.post(&mut wrs) {
             Ok(()) => Ok(n),
             Err(e) if e.posted == 0 => {
                 // Refused before the call: every chunk came back, in
@@ -253,6 +259,26 @@ impl RecvBuffers {
         // `ours` saw exactly one owned chunk: `into_chunk` gives it.
         self.chunks[index as usize] = c.into_chunk();
         Ok(index)
+    }
+}
+
+/// Where a pool's receives go: a QP's receive queue or an SRQ (generic,
+/// so that the post loop is inlined for each).
+trait RecvQueue {
+    fn post(&mut self, wrs: impl Iterator<Item = RecvWr>) -> Result<(), PostError>;
+}
+
+impl RecvQueue for QueuePair {
+    #[inline]
+    fn post(&mut self, wrs: impl Iterator<Item = RecvWr>) -> Result<(), PostError> {
+        self.post_recv(wrs)
+    }
+}
+
+impl RecvQueue for &SharedReceiveQueue {
+    #[inline]
+    fn post(&mut self, wrs: impl Iterator<Item = RecvWr>) -> Result<(), PostError> {
+        self.post_recv(wrs)
     }
 }
 

@@ -183,7 +183,14 @@ fn recv_buffers(env: &Env) -> Result<(), Failed> {
     );
     ensure!(RecvBuffers::new(&p.pd, 4, 0).is_err(), "buffers of 0 bytes");
     let mut bufs = RecvBuffers::new(&p.pd, 4, 256)?;
-    ensure!(bufs.post(&mut p.b)? == 4, "posted");
+    ensure!(bufs.post_up_to(&mut p.b, 0)? == 0, "posted 0 of at most 0");
+    ensure!(bufs.post_up_to(&mut p.b, 1)? == 1, "posted 1 of at most 1");
+    ensure!(
+        bufs.free() == 3 && bufs.posted() == 1,
+        "{} free",
+        bufs.free()
+    );
+    ensure!(bufs.post(&mut p.b)? == 3, "posted the other 3");
     ensure!(bufs.post(&mut p.b)? == 0, "nothing free: nothing posted");
     ensure!(
         bufs.posted() == 4 && p.b.outstanding_recvs() == 4,
