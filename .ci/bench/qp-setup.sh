@@ -16,10 +16,12 @@
 # QPs, so that start-up and teardown cancel),
 #   qp_setup: kernel calls per QP: c=X rust=Y
 # followed by the per-system-call difference of each, and, from callgrind
-# runs at N=50 and N=150 (the difference over 100 QPs),
+# runs at N=50 and N=250 (the difference over 200 QPs, so that start-up
+# and teardown cancel),
 #   qp_setup: user-space instructions per QP (callgrind): c=X rust=Y rust/c=R
 # with the Rust run's heaviest functions (inclusive, per QP) in
-# WORK/rust.cg.fns (RDMA_VERBS_QP_SETUP_CALLGRIND=0 skips this part).
+# WORK/rust.cg.fns, printed too (RDMA_VERBS_QP_SETUP_CALLGRIND=0 skips this
+# part; RDMA_VERBS_QP_SETUP_ROUNDS=0 skips the rate rounds and their line).
 #
 # Environment: RDMA_VERBS_DEVICE (default rxe0), RDMA_VERBS_QP_SETUP_GID_INDEX (default 1),
 # RDMA_VERBS_QP_SETUP_N (default 200), RDMA_VERBS_QP_SETUP_ROUNDS (default 3; more on a
@@ -47,6 +49,7 @@ cc -O2 "$HERE/qp_setup.c" -o "$C" -libverbs
 rate() { sed -n 's/.*per_sec=\([0-9.]*\).*/\1/p'; }
 
 ratios=()
+[ "$ROUNDS" -gt 0 ] 2>/dev/null || ROUNDS=0
 for round in $(seq 1 "$ROUNDS"); do
     c_line=$("$C" -d "$DEV" -x "$GIDX" -n "$N")
     echo "$c_line"
@@ -57,7 +60,7 @@ for round in $(seq 1 "$ROUNDS"); do
     [ -n "$c_rate" ] && [ -n "$r_rate" ] || { echo "qp-setup: no rate in round $round" >&2; exit 1; }
     ratios+=("$(awk -v r="$r_rate" -v c="$c_rate" 'BEGIN { printf "%.3f", (c > 0 ? r / c : 0) }')")
 done
-printf '%s\n' "${ratios[@]}" | sort -g | awk '
+[ "$ROUNDS" = 0 ] || printf '%s\n' "${ratios[@]}" | sort -g | awk '
     { v[NR] = $1 }
     END {
         m = (NR % 2) ? v[(NR + 1) / 2] : sprintf("%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2)
@@ -86,7 +89,7 @@ echo "qp_setup: kernel calls per QP: c=$c_calls rust=$r_calls"
 cat "$WORK/c.per-qp" "$WORK/rust.per-qp" 2>/dev/null || true
 
 # User-space instructions per QP, counted by callgrind (the same on a busy
-# or a quiet machine, unlike the rates above): N=150 minus N=50, over 100.
+# or a quiet machine, unlike the rates above): N=250 minus N=50, over 200.
 if [ "${RDMA_VERBS_QP_SETUP_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null; then
     collected() { sed -nE 's/^==[0-9]+== Collected : ([0-9]+).*/\1/p' "$1" | tail -n 1; }
     cg() {  # cg NAME N PROG...: callgrind run, its log WORK/NAME.cg.N.log
@@ -96,27 +99,27 @@ if [ "${RDMA_VERBS_QP_SETUP_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/n
     }
     per_qp_instr() {
         local name=$1 a b; shift
-        cg "$name" 50 "$@" && cg "$name" 150 "$@" || { echo "-"; return; }
-        a=$(collected "$WORK/$name.cg.50.log"); b=$(collected "$WORK/$name.cg.150.log")
+        cg "$name" 50 "$@" && cg "$name" 250 "$@" || { echo "-"; return; }
+        a=$(collected "$WORK/$name.cg.50.log"); b=$(collected "$WORK/$name.cg.250.log")
         [ -n "$a" ] && [ -n "$b" ] || { echo "-"; return; }
-        awk -v a="$a" -v b="$b" 'BEGIN { printf "%.0f\n", (b - a) / 100 }'
+        awk -v a="$a" -v b="$b" 'BEGIN { printf "%.0f\n", (b - a) / 200 }'
     }
     c_i=$(per_qp_instr c "$C" -d "$DEV" -x "$GIDX")
     r_i=$(per_qp_instr rust "$RUST" -d "$DEV" -x "$GIDX")
     echo "qp_setup: user-space instructions per QP (callgrind): c=$c_i rust=$r_i rust/c=$(awk -v r="$r_i" -v c="$c_i" 'BEGIN { if (r + 0 > 0 && c + 0 > 0) printf "%.2f", r / c; else print "-" }')"
     # Where the Rust side's go: per function, inclusive instructions of
-    # the N=150 run minus those of the N=50 run, over 100 (start-up cancels).
+    # the N=250 run minus those of the N=50 run, over 200 (start-up cancels).
     incl() {
         callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
             awk '$1 ~ /^[0-9,]+$/ { v = $1; gsub(",", "", v); sub(/^ *[0-9,]+ +(\([^)]*\) +)?/, "")
                                     print v "\t" $0 }' || true
     }
-    if [ -s "$WORK/rust.cg.50" ] && [ -s "$WORK/rust.cg.150" ]; then
+    if [ -s "$WORK/rust.cg.50" ] && [ -s "$WORK/rust.cg.250" ]; then
         incl "$WORK/rust.cg.50" >"$WORK/rust.cg.50.fns"
-        incl "$WORK/rust.cg.150" >"$WORK/rust.cg.150.fns"
-        awk -F'\t' 'NR == FNR { a[$2] = $1; next } { d = ($1 - a[$2]) / 100; if (d >= 40) printf "%8.0f  %s\n", d, substr($2, 1, 140) }' \
-            "$WORK/rust.cg.50.fns" "$WORK/rust.cg.150.fns" | sort -rn >"$WORK/rust.cg.fns" || true
-        echo "qp_setup: Rust functions, inclusive instructions per QP (N=150 minus N=50, over 100; 40 and more):"
+        incl "$WORK/rust.cg.250" >"$WORK/rust.cg.250.fns"
+        awk -F'\t' 'NR == FNR { a[$2] = $1; next } { d = ($1 - a[$2]) / 200; if (d >= 40) printf "%8.0f  %s\n", d, substr($2, 1, 140) }' \
+            "$WORK/rust.cg.50.fns" "$WORK/rust.cg.250.fns" | sort -rn >"$WORK/rust.cg.fns" || true
+        echo "qp_setup: Rust functions, inclusive instructions per QP (N=250 minus N=50, over 200; 40 and more):"
         sed 's/^/qp_setup:   /' "$WORK/rust.cg.fns"
     fi
 fi

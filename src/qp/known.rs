@@ -23,6 +23,7 @@
 //! (compare-and-swap on the word). Whatever it stores was thus the
 //! device's state at a moment after the last recorded move.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -205,11 +206,11 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut map = self.ctx.qp_registry().lock();
         // Only this QP's own entry: a new QP may have the same pointer now.
-        if map
-            .get(&self.key)
-            .is_some_and(|k| Arc::ptr_eq(k, &self.known))
-        {
-            map.remove(&self.key);
+        // One probe of the table (`entry`), not a look-up and a removal.
+        if let Entry::Occupied(e) = map.entry(self.key) {
+            if Arc::ptr_eq(e.get(), &self.known) {
+                e.remove();
+            }
         }
     }
 }

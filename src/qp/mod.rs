@@ -241,6 +241,9 @@ impl<'a> QpInitAttr<'a> {
 ///
 /// The outstanding requests' buffers live here too, so that they are freed
 /// only after the QP is destroyed, and leaked with it if destruction fails.
+/// One heap block per QP ([`QueuePair`] holds it boxed): the handles and
+/// the data path's bookkeeping together, so that creating a QP allocates
+/// once for both and moving a `QueuePair` copies a few words.
 struct QpKeep {
     /// The QP's entries in its PD's, CQs' and SRQ's user counts.
     _tallies: [Option<Tally>; 4],
@@ -248,7 +251,7 @@ struct QpKeep {
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
     srq: Option<SharedReceiveQueue>,
-    pending: Box<post::Pending>,
+    pending: post::Pending,
     /// The QP's entry in its context's registry (for the event delivery);
     /// dropped only after the QP is destroyed.
     _registration: known::Registration,
@@ -265,7 +268,7 @@ pub struct QueuePair {
     /// (`id->qp = NULL`) before `inner` destroys it.
     #[cfg(feature = "cm")]
     cm: Option<crate::cm::QpLink>,
-    inner: Owned<sys::ibv_qp, QpKeep>,
+    inner: Owned<sys::ibv_qp, Box<QpKeep>>,
     qp_type: QpType,
     caps: QpCaps,
     /// The known state: as of the last successful modify or resync, or
@@ -414,7 +417,7 @@ impl QueuePair {
         let kind = UserKind::QueuePair;
         let (scq, rcq) = (attr.send_cq, attr.recv_cq);
         let one_cq = std::sync::Arc::ptr_eq(&scq.inner, &rcq.inner);
-        let keep = QpKeep {
+        let keep = Box::new(QpKeep {
             _tallies: [
                 Some(Tally::new(pd.users(), kind, 1)),
                 // One QP, holding its CQ twice when it is both.
@@ -426,14 +429,14 @@ impl QueuePair {
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),
             srq: attr.srq.cloned(),
-            pending: Box::new(post::Pending::new(
+            pending: post::Pending::new(
                 &caps,
                 attr.qp_type,
                 pd.as_ptr(),
                 dev.atomic_cap != crate::device_attr::AtomicCap::None,
-            )),
+            ),
             _registration: known::Registration::new(ctx, raw.as_ptr(), &known),
-        };
+        });
         // SAFETY: a fresh QP owned by nobody else; `keep` holds its PD and CQs.
         let inner = unsafe { Owned::new(raw, keep) };
         Ok(QueuePair {
@@ -519,7 +522,7 @@ impl QueuePair {
     /// Destroys the QP and returns its outstanding requests' bookkeeping.
     fn into_keep(self) -> Result<post::Pending> {
         let keep = self.release_link().into_keep()?;
-        Ok(*keep.pending)
+        Ok(keep.pending)
     }
 
     /// Destroys the QP now, reporting failure.
@@ -533,7 +536,7 @@ impl QueuePair {
 
     /// Lets a CM id let go of the QP (when it has one), then hands over the
     /// raw owner, so that destroying it cannot leave the id pointing at it.
-    fn release_link(self) -> Owned<sys::ibv_qp, QpKeep> {
+    fn release_link(self) -> Owned<sys::ibv_qp, Box<QpKeep>> {
         #[cfg(feature = "cm")]
         drop(self.cm);
         self.inner

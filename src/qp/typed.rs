@@ -69,6 +69,12 @@ use crate::port::Mtu;
 
 mod sealed {
     pub trait Sealed {}
+    /// A builder's attributes, borrowed: [`Qp::apply`](super::Qp::apply)
+    /// validates and applies them in place rather than moving them out
+    /// (a copy of a 150-byte `ibv_qp_attr` per modify).
+    pub trait AttrRef {
+        fn attr_ref(&self) -> &super::QpAttr;
+    }
 }
 
 /// A transport type usable as [`Qp`]'s type parameter.
@@ -177,7 +183,7 @@ impl<T: Transport> Qp<T> {
                 .into());
             }
         }
-        self.qp.modify(&transition.into_attr())
+        self.qp.modify(sealed::AttrRef::attr_ref(&transition))
     }
 
     /// Applies `to_sqd` (RTS -> SQD) and waits until the send queue has
@@ -221,7 +227,7 @@ impl<T: Transport> std::fmt::Debug for Qp<T> {
 }
 
 /// A typed transition that can be applied to a [`Qp<T>`].
-pub trait Modify<T: Transport>: sealed::Sealed {
+pub trait Modify<T: Transport>: sealed::Sealed + sealed::AttrRef {
     /// The state the QP must be in; `None` for transitions from any state.
     const FROM: Option<QpState>;
     /// The builder's name, for messages.
@@ -240,6 +246,12 @@ macro_rules! builders {
             _t: PhantomData<fn() -> T>,
         }
         impl<T: Transport> sealed::Sealed for $name<T> {}
+        impl<T: Transport> sealed::AttrRef for $name<T> {
+            #[inline]
+            fn attr_ref(&self) -> &QpAttr {
+                &self.attr
+            }
+        }
         impl<T: Transport> Modify<T> for $name<T> {
             const FROM: Option<QpState> = $from;
             const NAME: &'static str = stringify!($name);
