@@ -519,33 +519,21 @@ impl<T: Payload> Ledger<T> {
     /// otherwise `f` is called as `complete` calls it.
     #[inline(always)]
     pub(crate) fn complete_quiet(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
-        if self.heavy == 0 {
-            if let Order::Ring { tail, .. } = &mut self.order {
-                // `own_stamp` and the tail's move in one place.
-                let stamp = tag & STAMP_MASK;
-                let idx = stamp & self.mask;
-                // The completed request's place in the window tail..head.
-                let k = idx.wrapping_sub(*tail) & self.mask;
-                if tag >> KIND_SHIFT != self.kind as u64
-                    || k >= self.live as u64
-                    || stamp == 0
-                    || self.slots[idx as usize].stamp != stamp
-                {
-                    return 0;
-                }
-                *tail += k + 1;
-                self.live -= k as usize + 1;
-                return k as usize + 1;
-            }
-        }
-        self.complete(tag, f)
+        self.end(tag, true, f)
     }
 
     /// Ends what the completion with `tag` ends, calling `f` for each
     /// request it hands back, oldest first; returns how many. A tag of
     /// another kind or queue, or one already ended, ends nothing.
     #[inline(always)]
-    pub(crate) fn complete(&mut self, tag: u64, mut f: impl FnMut(Released<T>)) -> usize {
+    pub(crate) fn complete(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
+        self.end(tag, false, f)
+    }
+
+    /// [`complete`](Self::complete), or with `quiet`
+    /// [`complete_quiet`](Self::complete_quiet).
+    #[inline(always)]
+    fn end(&mut self, tag: u64, quiet: bool, mut f: impl FnMut(Released<T>)) -> usize {
         let Some(stamp) = self.own_stamp(tag) else {
             return 0;
         };
@@ -563,6 +551,11 @@ impl<T: Payload> Ledger<T> {
         self.live -= n as usize;
         if let Order::Ring { tail, .. } = &mut self.order {
             *tail += n;
+        }
+        // Every outstanding payload is inert: the passed slots need no
+        // visit (the window rule never reads them again).
+        if quiet && self.heavy == 0 {
+            return n as usize;
         }
         // One call site of `f`, so that it is inlined; the ring's slots
         // need no free list, just their stamps cleared.
