@@ -42,6 +42,7 @@ mod known;
 mod ledger;
 mod mask;
 mod modify;
+mod pin;
 mod post;
 mod reclaim;
 mod recv_buffers;

@@ -99,19 +99,18 @@
 //! could then be taken for a tag, which is why the promise is needed.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use super::chain::{post_chain, refuse_all, Chain, Scratch};
 use super::check::{RecvFacts, SendFacts};
 use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
 use super::ledger::{Kind, Ledger};
+use super::pin::Pin;
 use super::request::{RecvWr, SendOp, SendWr};
 use super::{QpCaps, QpState, QpType, QueuePair};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::mr::{Chunk, SharedChunk};
+use crate::mr::Chunk;
 use crate::sys;
 
 /// Outstanding requests of one QP, requests handed back by a RESET, the
@@ -136,44 +135,11 @@ pub(crate) struct Pending {
     /// alive means the `WrBatch` was leaked (`mem::forget`): the lock is
     /// held for good, so nothing may take it again.
     pub(crate) batch_open: bool,
-    /// The sources of [`SendTemplate`](super::SendTemplate) requests: the
-    /// QP's own handle of each, kept while a request from it may be
-    /// outstanding (see [`Pin`]), so that those requests' ledger records
-    /// hold nothing ([`Loan::Empty`], inert).
+    /// The QP's record of each [`SendTemplate`](super::SendTemplate) it
+    /// posted from, which keeps the source alive while a request from it
+    /// may be outstanding (see [`Pin`]), so that those requests' ledger
+    /// records hold nothing ([`Loan::Empty`], inert).
     pub(super) pins: Vec<Pin>,
-}
-
-/// What a [`SendTemplate`](super::SendTemplate) (with its clones) shares
-/// with the QP it posts on: whether a request from it may be outstanding
-/// there (`active`, kept by the QP), and the source's handle, which the
-/// template leaves here when it is dropped while `active` is set.
-#[derive(Debug, Default)]
-pub(crate) struct Keeper {
-    pub(super) handle: OnceLock<SharedChunk>,
-    pub(super) active: AtomicBool,
-}
-
-/// The QP's record of a template (family: the clones share `keeper`):
-/// `last` is the tag of the newest request posted from it (0: none yet).
-/// Send queues complete in order, so once `last` is no longer outstanding
-/// (completed, or handed back by a RESET) no request from it is: that
-/// alone decides whether the source may go. `last` is set only for
-/// requests the ledger keeps (never for an undone insert, whose stamp may
-/// be issued again).
-///
-/// The source stays alive while a request is outstanding: the template
-/// holds a handle of it, and `keeper.active` is set (before the post call
-/// returns, so before the template can be dropped) until the QP sees
-/// `last` end; a template dropped meanwhile leaves its handle in `keeper`,
-/// which the pin holds. After that the QP clears `active` (a template
-/// dropped then keeps nothing here), and lets go of the pin once no
-/// template of the family is left. While a template lives, the QP adds no
-/// handle, so its source stays writable between rounds.
-pub(crate) struct Pin {
-    pub(super) keeper: Arc<Keeper>,
-    pub(super) last: u64,
-    /// The QP's copy of `keeper.active` (only the QP writes it).
-    pub(super) active: bool,
 }
 
 /// The longest chain the scratch space is made for when a queue is
@@ -275,98 +241,6 @@ impl Pending {
         Some((r.wr_id, loan, mw))
     }
 
-    /// The index of the QP's pin of the template whose keeper is
-    /// `keeper`, made if there is none.
-    #[inline]
-    pub(super) fn pin(&mut self, keeper: &Arc<Keeper>) -> usize {
-        match self
-            .pins
-            .iter()
-            .position(|p| Arc::ptr_eq(&p.keeper, keeper))
-        {
-            Some(i) => i,
-            None => self.new_pin(keeper),
-        }
-    }
-
-    /// Marks pin `i` as holding requests up to tag `last` (kept by the
-    /// ledger), before the post call returns.
-    #[inline]
-    pub(super) fn pin_posted(&mut self, i: usize, last: u64) {
-        if let Some(p) = self.pins.get_mut(i) {
-            p.last = last;
-            if !p.active {
-                p.active = true;
-                p.keeper.active.store(true, Ordering::Release);
-            }
-        }
-    }
-
-    /// Lets go of pin `i` if nothing was ever posted through it (its
-    /// first post call was refused whole).
-    #[inline]
-    pub(super) fn unpin_unused(&mut self, i: usize) {
-        if self.pins.get(i).is_some_and(|p| p.last == 0) {
-            self.pins.swap_remove(i);
-        }
-    }
-
-    /// Whether a request posted from the template whose keeper is `keeper`
-    /// may still be outstanding here.
-    pub(super) fn pinned(&self, keeper: &Arc<Keeper>) -> bool {
-        self.send.len() > 0
-            && self
-                .pins
-                .iter()
-                .any(|p| Arc::ptr_eq(&p.keeper, keeper) && self.send.outstanding(p.last))
-    }
-
-    /// After a send completion: the pins whose requests all ended become
-    /// inactive (a template dropped from now on keeps nothing here), and
-    /// those whose templates are all gone go (with the handle a template
-    /// left), as a request's own handle would.
-    #[inline]
-    pub(super) fn settle_pins(&mut self) {
-        let send = &self.send;
-        // An empty send queue (the common case of a round of requests
-        // ended) holds none of any pin's.
-        let idle = send.len() == 0;
-        let mut orphans = false;
-        for p in self.pins.iter_mut() {
-            if p.active && (idle || !send.outstanding(p.last)) {
-                p.active = false;
-                p.keeper.active.store(false, Ordering::Release);
-            }
-            orphans |= !p.active && Arc::strong_count(&p.keeper) == 1;
-        }
-        if orphans {
-            self.drop_orphan_pins();
-        }
-    }
-
-    /// Lets go of the inactive pins no template is left of.
-    #[cold]
-    #[inline(never)]
-    fn drop_orphan_pins(&mut self) {
-        self.pins
-            .retain(|p| p.active || Arc::strong_count(&p.keeper) > 1);
-    }
-
-    /// A new pin (after letting go of orphans, so that there are never
-    /// more pins than live templates and templates with outstanding
-    /// requests).
-    #[cold]
-    #[inline(never)]
-    fn new_pin(&mut self, keeper: &Arc<Keeper>) -> usize {
-        self.drop_orphan_pins();
-        self.pins.push(Pin {
-            keeper: keeper.clone(),
-            last: 0,
-            active: false,
-        });
-        self.pins.len() - 1
-    }
-
     /// After a RESET: the device has forgotten every request, so they all
     /// go to `released`, oldest first, sends before receives.
     pub(crate) fn release_all(&mut self) {
@@ -383,10 +257,7 @@ impl Pending {
             released.push(Completed::new(r.wr_id, false, Kind::Send, loan));
         });
         recv.drain(|r| released.push(Completed::new(r.wr_id, false, Kind::Recv, r.payload)));
-        // No request is outstanding: no template source is needed.
-        for p in self.pins.drain(..) {
-            p.keeper.active.store(false, Ordering::Release);
-        }
+        self.release_pins();
     }
 
     /// Everything still held, for a destroyed QP: `released` first.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::chain::{post_chain, refuse_all, Chain};
 use super::completed::PostError;
 use super::entries::Loan;
-use super::post::Keeper;
+use super::pin::Keeper;
 use super::request::{SendOp, SendWr};
 use super::QueuePair;
 use crate::error::{Error, Result};

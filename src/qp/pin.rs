@@ -1,0 +1,152 @@
+//! Template sources kept by the QP: each [`SendTemplate`](super::SendTemplate)
+//! the QP posted from has a [`Pin`] in its bookkeeping, which keeps the
+//! source alive while a request from it may be outstanding, so that the
+//! requests' ledger records hold nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use super::post::Pending;
+use crate::mr::SharedChunk;
+
+/// What a [`SendTemplate`](super::SendTemplate) (with its clones) shares
+/// with the QP it posts on: whether a request from it may be outstanding
+/// there (`active`, kept by the QP), and the source's handle, which the
+/// template leaves here when it is dropped while `active` is set.
+#[derive(Debug, Default)]
+pub(crate) struct Keeper {
+    pub(super) handle: OnceLock<SharedChunk>,
+    pub(super) active: AtomicBool,
+}
+
+/// The QP's record of a template (family: the clones share `keeper`):
+/// `last` is the tag of the newest request posted from it (0: none yet).
+/// Send queues complete in order, so once `last` is no longer outstanding
+/// (completed, or handed back by a RESET) no request from it is: that
+/// alone decides whether the source may go. `last` is set only for
+/// requests the ledger keeps (never for an undone insert, whose stamp may
+/// be issued again).
+///
+/// The source stays alive while a request is outstanding: the template
+/// holds a handle of it, and `keeper.active` is set (before the post call
+/// returns, so before the template can be dropped) until the QP sees
+/// `last` end; a template dropped meanwhile leaves its handle in `keeper`,
+/// which the pin holds. After that the QP clears `active` (a template
+/// dropped then keeps nothing here), and lets go of the pin once no
+/// template of the family is left. While a template lives, the QP adds no
+/// handle, so its source stays writable between rounds.
+pub(crate) struct Pin {
+    pub(super) keeper: Arc<Keeper>,
+    pub(super) last: u64,
+    /// The QP's copy of `keeper.active` (only the QP writes it).
+    pub(super) active: bool,
+}
+
+impl Pin {
+    /// Inactive, and no template of it is left: nothing needs it.
+    #[inline]
+    fn orphan(&self) -> bool {
+        !self.active && Arc::strong_count(&self.keeper) == 1
+    }
+}
+
+impl Pending {
+    /// The index of the QP's pin of the template whose keeper is
+    /// `keeper`, made if there is none.
+    #[inline]
+    pub(super) fn pin(&mut self, keeper: &Arc<Keeper>) -> usize {
+        match self
+            .pins
+            .iter()
+            .position(|p| Arc::ptr_eq(&p.keeper, keeper))
+        {
+            Some(i) => i,
+            None => self.new_pin(keeper),
+        }
+    }
+
+    /// Marks pin `i` as holding requests up to tag `last` (kept by the
+    /// ledger), before the post call returns.
+    #[inline]
+    pub(super) fn pin_posted(&mut self, i: usize, last: u64) {
+        if let Some(p) = self.pins.get_mut(i) {
+            p.last = last;
+            if !p.active {
+                p.active = true;
+                p.keeper.active.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Lets go of pin `i` if nothing was ever posted through it (its
+    /// first post call was refused whole).
+    #[inline]
+    pub(super) fn unpin_unused(&mut self, i: usize) {
+        if self.pins.get(i).is_some_and(|p| p.last == 0) {
+            self.pins.swap_remove(i);
+        }
+    }
+
+    /// Whether a request posted from the template whose keeper is `keeper`
+    /// may still be outstanding here.
+    pub(super) fn pinned(&self, keeper: &Arc<Keeper>) -> bool {
+        self.send.len() > 0
+            && self
+                .pins
+                .iter()
+                .any(|p| Arc::ptr_eq(&p.keeper, keeper) && self.send.outstanding(p.last))
+    }
+
+    /// After a send completion: the pins whose requests all ended become
+    /// inactive (a template dropped from now on keeps nothing here), and
+    /// those whose templates are all gone go (with the handle a template
+    /// left), as a request's own handle would.
+    #[inline]
+    pub(super) fn settle_pins(&mut self) {
+        let send = &self.send;
+        // An empty send queue (the common case of a round of requests
+        // ended) holds none of any pin's.
+        let idle = send.len() == 0;
+        let mut orphans = false;
+        for p in self.pins.iter_mut() {
+            if p.active && (idle || !send.outstanding(p.last)) {
+                p.active = false;
+                p.keeper.active.store(false, Ordering::Release);
+            }
+            orphans |= p.orphan();
+        }
+        if orphans {
+            self.drop_orphan_pins();
+        }
+    }
+
+    /// Lets go of the inactive pins no template is left of.
+    #[cold]
+    #[inline(never)]
+    fn drop_orphan_pins(&mut self) {
+        self.pins.retain(|p| !p.orphan());
+    }
+
+    /// A new pin (after letting go of orphans, so that there are never
+    /// more pins than live templates and templates with outstanding
+    /// requests).
+    #[cold]
+    #[inline(never)]
+    fn new_pin(&mut self, keeper: &Arc<Keeper>) -> usize {
+        self.drop_orphan_pins();
+        self.pins.push(Pin {
+            keeper: keeper.clone(),
+            last: 0,
+            active: false,
+        });
+        self.pins.len() - 1
+    }
+
+    /// After a RESET: no request is outstanding, so no template source is
+    /// needed.
+    pub(super) fn release_pins(&mut self) {
+        for p in self.pins.drain(..) {
+            p.keeper.active.store(false, Ordering::Release);
+        }
+    }
+}
