@@ -6,6 +6,8 @@
 //! a thousand chains of four sends, must make none. The same holds for an
 //! extended QP's batch (start_batch, post, complete) in place of post_send;
 //! an aborted batch makes exactly one: the `Vec` that `abort` returns.
+//! Send templates (`post_template_one`, `post_template`) make none either,
+//! once the QP has its pin of the template (the first post).
 
 #[path = "common/mod.rs"]
 #[macro_use]
@@ -73,6 +75,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "alloc::steady_state_batches_allocate_nothing",
         steady_state_batches,
+    ),
+    (
+        "alloc::steady_state_templates_allocate_nothing",
+        steady_state_templates,
     ),
 ];
 
@@ -466,5 +472,79 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
         empty == 0,
         "{empty} allocations in 1000 aborted empty batches"
     );
+    Ok(())
+}
+
+/// A thousand RDMA writes from one template, one per call
+/// (`post_template_one`), and a thousand calls of four
+/// (`post_template`), each reclaimed with `reclaim_chunks`: no heap
+/// allocation once the first post made the QP's pin of the template.
+fn steady_state_templates(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::qp::RemoteAddr;
+    use rdma_verbs::SharedChunk;
+    let pd = env.ctx.alloc_pd()?;
+    let cq = env.ctx.create_cq(64)?;
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        ..QpCaps::default()
+    };
+    let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+    let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+    common::connect(env, &mut a, &mut b, AccessFlags::REMOTE_WRITE)?;
+    let target = common::remote_region(&pd, 64)?;
+    let remote = RemoteAddr {
+        addr: target.addr(),
+        rkey: target.rkey(),
+    };
+    let src = pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .map(SharedChunk::new)
+        .ok_or("no chunk")?;
+    let t = a.send_template(SendOp::RdmaWrite(remote), Some((&src, 64)))?;
+    let mut wcs = [WorkCompletion::default(); 8];
+    let mut back: Vec<Chunk> = Vec::with_capacity(16);
+    let deadline = common::deadline();
+    let mut round = |n: u64| -> Result<(), Failed> {
+        if n == 1 {
+            a.post_template_one(&t, 1, true)?;
+        } else {
+            a.post_template(&t, (0..n).map(|i| (i, i + 1 == n)))?;
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(wc) = cq.poll(&mut wcs)?.iter().next() {
+                if !wc.is_success() {
+                    return Err("a completion failed".into());
+                }
+                if a.reclaim_chunks(wc, &mut back) != n as usize {
+                    return Err(format!("the completion did not end {n} writes").into());
+                }
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                return Err("completions did not arrive".into());
+            }
+        }
+    };
+    for _ in 0..20 {
+        round(1)?;
+        round(4)?;
+    }
+    let before = allocations();
+    for _ in 0..1000 {
+        round(1)?;
+    }
+    let one = allocations() - before;
+    let before = allocations();
+    for _ in 0..1000 {
+        round(4)?;
+    }
+    let four = allocations() - before;
+    eprintln!("alloc: {one} heap allocations in 1000 post_template_one rounds, {four} in 1000 post_template calls of 4 (poll, reclaim_chunks)");
+    ensure!(one == 0, "{one} allocations in post_template_one rounds");
+    ensure!(four == 0, "{four} allocations in post_template rounds");
+    ensure!(back.is_empty(), "template writes handed back chunks");
     Ok(())
 }

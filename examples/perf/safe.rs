@@ -289,7 +289,8 @@ impl<S: Submit> DataPath for SafePath<S> {
 
     #[inline(never)]
     fn post(&mut self, q: usize, first: u64, n: usize) -> Res<()> {
-        let plan = self.plan()?;
+        // Borrowed, not copied (as the raw path reads its plan).
+        let plan = self.plan.as_ref().ok_or("internal: no size prepared")?;
         let op = send_op(self.ops[q]);
         let bufs = &mut self.bufs[q];
         let qp = &mut self.conn.qps[q];
@@ -299,12 +300,19 @@ impl<S: Submit> DataPath for SafePath<S> {
                 qp,
                 (0..n as u64).map(|i| {
                     let seq = first + i;
-                    mark(&plan, SendWr::new(seq, op).inline(data), seq)
+                    mark(plan, SendWr::new(seq, op).inline(data), seq)
                 }),
             )
             .map_err(|(msg, _)| msg);
         }
         if let Some(t) = &bufs.template {
+            // One request per call (the latency tests, and a rate test
+            // keeping its queue full): no iterator, no chain.
+            if n == 1 {
+                return qp
+                    .post_template_one(t, first, plan.signaled(first))
+                    .map_err(|e| format!("Couldn't post send: {e}"));
+            }
             return qp
                 .post_template(
                     t,
@@ -317,7 +325,7 @@ impl<S: Submit> DataPath for SafePath<S> {
                 qp,
                 (0..n as u64).map(|i| {
                     let seq = first + i;
-                    mark(&plan, SendWr::new(seq, op).sge_shared(src, plan.size), seq)
+                    mark(plan, SendWr::new(seq, op).sge_shared(src, plan.size), seq)
                 }),
             )
             .map_err(|(msg, _)| msg);
@@ -346,7 +354,7 @@ impl<S: Submit> DataPath for SafePath<S> {
                     Some(c) => wr.sge_len(c, plan.size),
                     None => wr,
                 };
-                mark(&plan, wr, seq)
+                mark(plan, wr, seq)
             }),
         );
         res.map_err(|(msg, returned)| {

@@ -191,7 +191,7 @@ pub(super) fn post_chain<W, R: ChainLink>(
         let (raw, sges) = chain.scratch.at(n);
         fill(&wr, raw, sges);
         match lend(chain.ledger, chain.side, wr) {
-            Ok(tag) => chain.scratch.wrs[n].set_wr_id(tag),
+            Ok(tag) => raw.set_wr_id(tag),
             Err(loan) => return Err(exhausted(verb, chain, loan, reqs, give_back)),
         }
         chain.n = n + 1;
@@ -216,7 +216,7 @@ pub(super) fn post_chain<W, R: ChainLink>(
 
 #[cold]
 #[inline(never)]
-fn provider_failed(verb: &'static str, rc: c_int, n: usize) -> PostError {
+pub(super) fn provider_failed(verb: &'static str, rc: c_int, n: usize) -> PostError {
     let error = crate::error::check_rc(verb, rc)
         .err()
         .unwrap_or(Error::invalid(verb, "failed"));

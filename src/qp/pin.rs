@@ -107,6 +107,17 @@ impl Pending {
         // An empty send queue (the common case of a round of requests
         // ended) holds none of any pin's.
         let idle = send.len() == 0;
+        // The common case, one template, straight on.
+        if let [p] = &mut self.pins[..] {
+            if p.active && (idle || !send.outstanding(p.last)) {
+                p.active = false;
+                p.keeper.active.store(false, Ordering::Release);
+            }
+            if p.orphan() {
+                self.drop_orphan_pins();
+            }
+            return;
+        }
         let mut orphans = false;
         for p in self.pins.iter_mut() {
             if p.active && (idle || !send.outstanding(p.last)) {

@@ -9,7 +9,7 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::chain::{post_chain, refuse_all, Chain};
+use super::chain::{post_chain, provider_failed, refuse_all, Chain};
 use super::completed::PostError;
 use super::entries::Loan;
 use super::pin::Keeper;
@@ -190,22 +190,119 @@ impl QueuePair {
                 unsafe { sys::ibv_post_send(qp, chain, bad) }
             },
         );
-        // The requests the ledger keeps (all of the call's, unless it was
-        // refused whole and undone) are now the pin's newest.
-        let kept = match &res {
-            Ok(()) => true,
-            Err(e) => e.posted > 0,
+        // The common case straight on: every request went to the device
+        // (and the ledger), so the newest is the pin's (none: an empty
+        // call, whose pin, if made for it, goes again).
+        match res {
+            Ok(()) => {
+                if let Some(i) = pin {
+                    let p = self.pending_mut();
+                    match newest.get() {
+                        0 => p.unpin_unused(i),
+                        last => p.pin_posted(i, last),
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.template_post_failed(pin, newest.get(), e)),
+        }
+    }
+
+    /// Posts one request from template `t` (`wr_id`, signalled or not):
+    /// [`post_template`](Self::post_template) with a single request, as
+    /// latency loops post, without an iterator or a chain. The raw
+    /// request is built in place on the stack, as a C program builds it.
+    /// Refused, with nothing recorded or posted, as `post_template`
+    /// refuses; a provider failure keeps the request in the ledger (in
+    /// doubt, see [`PostError`]).
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, t: &rdma_verbs::qp::SendTemplate) -> Result<(), rdma_verbs::qp::PostError> {
+    /// for i in 0..1000 {
+    ///     qp.post_template_one(t, i, true)?;
+    ///     // ... poll and reclaim its completion
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_post_send")]
+    #[inline]
+    pub fn post_template_one(
+        &mut self,
+        t: &SendTemplate,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), PostError> {
+        const VERB: &str = "ibv_post_send";
+        let src_pd = t.src.as_ref().map(|(s, _)| s.chunk().pd_ptr());
+        // The QP's address alone could be a later QP's: its facts decide.
+        if t.qp != self.as_ptr() as usize || !self.pending().facts.fast_template(&t.op, src_pd) {
+            return Err(refused_one(Error::invalid(
+                VERB,
+                "the template was made for another QP",
+            )));
+        }
+        if let Some(e) = self.send_refusal_if_any(VERB) {
+            return Err(refused_one(e));
+        }
+        let qp = self.as_ptr();
+        let p = self.pending_mut();
+        if p.send.room() == 0 {
+            let held = p.send.len();
+            return Err(refused_one(super::post::send_queue_full(VERB, 1, 0, held)));
+        }
+        let Ok(tag) = p.send.insert(wr_id, Loan::Empty) else {
+            return Err(refused_one(Error::TagsExhausted { verb: VERB }));
         };
+        // The ledger keeps the request from here on, whatever the provider
+        // says: the QP keeps the source until it is no longer outstanding
+        // (set before this call returns, so before the template can go).
+        if t.src.is_some() {
+            let i = p.pin(&t.keeper);
+            p.pin_posted(i, tag);
+        }
+        let mut sge = t.sge;
+        let mut wr = sys::ibv_send_wr {
+            wr_id: tag,
+            num_sge: c_int::from(t.src.is_some()),
+            opcode: t.op.opcode(),
+            send_flags: if signaled {
+                sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        if t.src.is_some() {
+            wr.sg_list = &mut sge;
+        }
+        super::post::fill_op(&t.op, &mut wr);
+        let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a live QP; `wr` is one request (`next` NULL) whose one
+        // entry, if any, lives on this stack frame for the call and names
+        // the template's source, which the pin set above keeps alive until
+        // the request is no longer outstanding.
+        let rc = unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(provider_failed(VERB, rc, 1));
+        }
+        Ok(())
+    }
+
+    /// The pin after a refused or failed template post: a provider
+    /// failure leaves the requests in the ledger (in doubt), so they are
+    /// the pin's newest; a call refused whole and undone keeps nothing.
+    #[cold]
+    #[inline(never)]
+    fn template_post_failed(&mut self, pin: Option<usize>, newest: u64, e: PostError) -> PostError {
         if let Some(i) = pin {
             let p = self.pending_mut();
-            if kept && newest.get() != 0 {
-                p.pin_posted(i, newest.get());
+            if e.posted > 0 && newest != 0 {
+                p.pin_posted(i, newest);
             } else {
-                // Nothing of the call stays: a pin made for it goes again.
                 p.unpin_unused(i);
             }
         }
-        res
+        e
     }
 
     /// The template's source, to write in place between rounds of
@@ -250,4 +347,11 @@ impl QueuePair {
             )),
         }
     }
+}
+
+/// A single request refused before anything was recorded.
+#[cold]
+#[inline(never)]
+fn refused_one(error: Error) -> PostError {
+    super::post::fail(error, 0, Vec::new())
 }

@@ -41,6 +41,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "by_value::a_template_source_stays_with_the_qp_until_its_requests_end",
         template_sources,
     ),
+    (
+        "by_value::post_template_one_posts_one_request_and_refuses_misuse",
+        template_one,
+    ),
 ];
 
 fn caps() -> QpCaps {
@@ -494,6 +498,101 @@ fn template_sources(env: &Env) -> Result<(), Failed> {
         "{} holders after RESET",
         keep.holders()
     );
+    Ok(())
+}
+
+/// `post_template_one`, one request per call as a latency loop posts:
+/// each write lands and its completion ends exactly it, under the
+/// caller's id; the source is not writable while it is outstanding;
+/// another QP's template, a full send queue and RESET are refused with
+/// nothing recorded; the QP keeps a dropped template's source until its
+/// request ends.
+fn template_one(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::SharedChunk;
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
+    let target = crate::common::remote_region(&p.pd, 64)?;
+    let write = SendOp::RdmaWrite(RemoteAddr {
+        addr: target.addr(),
+        rkey: target.rkey(),
+    });
+    let mut chunks = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    let src = SharedChunk::new(chunks.pop().ok_or("no chunk")?);
+    let mut t = p.a.send_template(write, Some((&src, 64)))?;
+    drop(src);
+    let mut got = [0u8; 64];
+    for round in 1..=5u8 {
+        p.a.template_source_mut(&mut t)?.fill(round);
+        p.a.post_template_one(&t, 100 + u64::from(round), true)?;
+        ensure!(p.a.outstanding_sends() == 1, "{}", p.a.outstanding_sends());
+        let e = p.a.template_source_mut(&mut t).expect_err("outstanding");
+        ensure!(e.to_string().contains("outstanding"), "{e}");
+        let wcs = poll_n(&p.cq, 1)?;
+        ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+        let mut ids = Vec::new();
+        ensure!(p.a.reclaim(&wcs[0], |c| ids.push(c.wr_id)) == 1, "{ids:?}");
+        ensure!(ids == [100 + u64::from(round)], "{ids:?}");
+        ensure!(
+            p.a.reclaim(&wcs[0], |_| {}) == 0,
+            "the same completion twice"
+        );
+        target.read(0, &mut got)?;
+        ensure!(got.iter().all(|&b| b == round), "round {round}: {got:?}");
+    }
+    // Refused, nothing recorded: another QP.
+    let e =
+        p.b.post_template_one(&t, 1, true)
+            .expect_err("another QP's template");
+    ensure!(e.posted == 0 && p.b.outstanding_sends() == 0, "{e}");
+    ensure!(e.to_string().contains("another QP"), "{e}");
+    // Refused, nothing recorded: a full send queue.
+    let room = p.a.caps().max_send_wr as u64;
+    for i in 0..room {
+        p.a.post_template_one(&t, i, i + 1 == room)?;
+    }
+    let e =
+        p.a.post_template_one(&t, room, true)
+            .expect_err("past the room");
+    ensure!(e.posted == 0 && e.returned.is_empty(), "{e}");
+    ensure!(e.to_string().contains("room"), "{e}");
+    ensure!(
+        p.a.outstanding_sends() == room as usize,
+        "{} outstanding, not {room}",
+        p.a.outstanding_sends()
+    );
+    let wcs = poll_n(&p.cq, 1)?;
+    ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    let mut back: Vec<rdma_verbs::Chunk> = Vec::new();
+    ensure!(
+        p.a.reclaim_chunks(&wcs[0], &mut back) == room as usize,
+        "{room} writes end"
+    );
+    ensure!(back.is_empty(), "a template request handed back a chunk");
+    // A template dropped with its request outstanding: the QP keeps the
+    // source until the completion is reclaimed.
+    let keep = SharedChunk::new(chunks.pop().ok_or("no chunk")?);
+    let t2 = p.a.send_template(write, Some((&keep, 64)))?;
+    p.a.post_template_one(&t2, 7, true)?;
+    drop(t2);
+    ensure!(
+        keep.holders() == 2,
+        "{} holders (keep, the QP)",
+        keep.holders()
+    );
+    let wcs = poll_n(&p.cq, 1)?;
+    ensure!(wcs[0].is_success(), "{:?}", wcs[0]);
+    ensure!(
+        p.a.reclaim_chunks(&wcs[0], &mut back) == 1,
+        "the write ends"
+    );
+    ensure!(
+        keep.holders() == 1,
+        "{} holders after it ended",
+        keep.holders()
+    );
+    // Refused, nothing recorded: RESET.
+    p.a.reset()?;
+    let e = p.a.post_template_one(&t, 1, true).expect_err("RESET");
+    ensure!(e.posted == 0 && p.a.outstanding_sends() == 0, "{e}");
     Ok(())
 }
 
