@@ -291,20 +291,9 @@ impl<S: Submit> DataPath for SafePath<S> {
     fn post(&mut self, q: usize, first: u64, n: usize) -> Res<()> {
         // Borrowed, not copied (as the raw path reads its plan).
         let plan = self.plan.as_ref().ok_or("internal: no size prepared")?;
-        let op = send_op(self.ops[q]);
         let bufs = &mut self.bufs[q];
         let qp = &mut self.conn.qps[q];
-        if plan.inline {
-            let data = &bufs.inline[..plan.size];
-            return S::submit(
-                qp,
-                (0..n as u64).map(|i| {
-                    let seq = first + i;
-                    mark(plan, SendWr::new(seq, op).inline(data), seq)
-                }),
-            )
-            .map_err(|(msg, _)| msg);
-        }
+        // A template (never with inline data) holds its operation.
         if let Some(t) = &bufs.template {
             // One request per call (the latency tests, and a rate test
             // keeping its queue full): no iterator, no chain.
@@ -319,6 +308,18 @@ impl<S: Submit> DataPath for SafePath<S> {
                     (first..first + n as u64).map(|seq| (seq, plan.signaled(seq))),
                 )
                 .map_err(|e| format!("Couldn't post send: {e}"));
+        }
+        let op = send_op(self.ops[q]);
+        if plan.inline {
+            let data = &bufs.inline[..plan.size];
+            return S::submit(
+                qp,
+                (0..n as u64).map(|i| {
+                    let seq = first + i;
+                    mark(plan, SendWr::new(seq, op).inline(data), seq)
+                }),
+            )
+            .map_err(|(msg, _)| msg);
         }
         if let Some(src) = &bufs.shared {
             return S::submit(
