@@ -22,7 +22,10 @@ use rdma_verbs::qp::{
     AckTimeout, AddressVector, ConnectOptions, GlobalRoute, InitToRtr, MinRnrTimer, Psn, Qp, QpNum,
     Rc, RecvWr, ResetToInit, RetryCount, RnrRetry, RtrToRts, SendOp, SendOpsFlags, SendWr,
 };
-use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpInitAttr, QpType, WorkCompletion};
+use rdma_verbs::{
+    AccessFlags, Chunk, CompletionQueue, ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
+    WorkCompletion,
+};
 
 use common::{Env, TestFn};
 
@@ -86,7 +89,12 @@ fn main() -> std::process::ExitCode {
     common::run("alloc", TESTS)
 }
 
-fn steady_state(env: &Env) -> Result<(), Failed> {
+/// A PD, a CQ of 64 and two RC QPs (16/16) on it, connected to each
+/// other with `access` for the peer.
+fn connected_pair(
+    env: &Env,
+    access: AccessFlags,
+) -> Result<(ProtectionDomain, CompletionQueue, QueuePair, QueuePair), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
     let caps = QpCaps {
@@ -96,7 +104,12 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
     };
     let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
     let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
-    common::connect(env, &mut a, &mut b, AccessFlags::empty())?;
+    common::connect(env, &mut a, &mut b, access)?;
+    Ok((pd, cq, a, b))
+}
+
+fn steady_state(env: &Env) -> Result<(), Failed> {
+    let (pd, cq, mut a, mut b) = connected_pair(env, AccessFlags::empty())?;
 
     // Fixed homes for the chunks between rounds: no Vec pushes.
     let mut bufs = pd
@@ -482,16 +495,8 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
 fn steady_state_templates(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::qp::RemoteAddr;
     use rdma_verbs::SharedChunk;
-    let pd = env.ctx.alloc_pd()?;
-    let cq = env.ctx.create_cq(64)?;
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        ..QpCaps::default()
-    };
-    let mut a = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
-    let mut b = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
-    common::connect(env, &mut a, &mut b, AccessFlags::REMOTE_WRITE)?;
+    // `_b` (not `_`): the peer QP lives to the end of the test.
+    let (pd, cq, mut a, _b) = connected_pair(env, AccessFlags::REMOTE_WRITE)?;
     let target = common::remote_region(&pd, 64)?;
     let remote = RemoteAddr {
         addr: target.addr(),

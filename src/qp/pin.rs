@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::entries::Loan;
+use super::ledger::Ledger;
 use super::post::Pending;
 use crate::mr::SharedChunk;
 
@@ -47,6 +49,19 @@ impl Pin {
     #[inline]
     fn orphan(&self) -> bool {
         !self.active && Arc::strong_count(&self.keeper) == 1
+    }
+
+    /// After a send completion (`idle`: the send queue is empty): becomes
+    /// inactive if none of its requests is outstanding in `send` any more
+    /// (a template dropped from now on keeps nothing here); whether it is
+    /// now an orphan.
+    #[inline(always)]
+    fn settle(&mut self, send: &Ledger<Loan>, idle: bool) -> bool {
+        if self.active && (idle || !send.outstanding(self.last)) {
+            self.active = false;
+            self.keeper.active.store(false, Ordering::Release);
+        }
+        self.orphan()
     }
 }
 
@@ -107,24 +122,16 @@ impl Pending {
         // An empty send queue (the common case of a round of requests
         // ended) holds none of any pin's.
         let idle = send.len() == 0;
-        // The common case, one template, straight on.
+        // The common case, one template, straight on (no loop).
         if let [p] = &mut self.pins[..] {
-            if p.active && (idle || !send.outstanding(p.last)) {
-                p.active = false;
-                p.keeper.active.store(false, Ordering::Release);
-            }
-            if p.orphan() {
+            if p.settle(send, idle) {
                 self.drop_orphan_pins();
             }
             return;
         }
         let mut orphans = false;
         for p in self.pins.iter_mut() {
-            if p.active && (idle || !send.outstanding(p.last)) {
-                p.active = false;
-                p.keeper.active.store(false, Ordering::Release);
-            }
-            orphans |= p.orphan();
+            orphans |= p.settle(send, idle);
         }
         if orphans {
             self.drop_orphan_pins();

@@ -48,12 +48,31 @@ pub struct SendTemplate {
     /// The source's raw entry, found once (a chunk's address and key do
     /// not change).
     sge: sys::ibv_sge,
+    /// The raw opcode of `op`, found once.
+    opcode: sys::ibv_wr_opcode::Type,
     /// The QP it was checked for (its address: compared, never followed).
     qp: usize,
     /// Shared with the QP's pin of the source (see `post::Pin`): tells
     /// the QP whether a template (this one or a clone) still lives, and
     /// takes the source's handle from the first of them dropped.
     keeper: Arc<Keeper>,
+}
+
+impl SendTemplate {
+    /// Fills the fields of a raw request from this template (its entry
+    /// count, opcode, the signalled flag and the operation's own fields);
+    /// the caller points `sg_list` at the entry and sets `wr_id`.
+    #[inline(always)]
+    fn fill(&self, raw: &mut sys::ibv_send_wr, signaled: bool) {
+        raw.num_sge = c_int::from(self.src.is_some());
+        raw.opcode = self.opcode;
+        raw.send_flags = if signaled {
+            sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        super::post::fill_op(&self.op, raw);
+    }
 }
 
 impl Drop for SendTemplate {
@@ -111,6 +130,7 @@ impl QueuePair {
             lkey: s.chunk().lkey(),
         });
         Ok(SendTemplate {
+            opcode: op.opcode(),
             op,
             sge,
             src: src.map(|(s, len)| (s.clone(), len as u32)),
@@ -132,16 +152,7 @@ impl QueuePair {
         I: IntoIterator<Item = (u64, bool)>,
     {
         const VERB: &str = "ibv_post_send";
-        let src_pd = t.src.as_ref().map(|(s, _)| s.chunk().pd_ptr());
-        // The QP's address alone could be a later QP's: its facts decide.
-        if t.qp != self.as_ptr() as usize || !self.pending().facts.fast_template(&t.op, src_pd) {
-            return refuse_all(
-                Some(Error::invalid(VERB, "the template was made for another QP")),
-                reqs.into_iter(),
-                |_, _| {},
-            );
-        }
-        if let Some(e) = self.send_refusal_if_any(VERB) {
+        if let Some(e) = self.template_refusal(t, VERB) {
             return refuse_all(Some(e), reqs.into_iter(), |_, _| {});
         }
         let qp = self.as_ptr();
@@ -155,7 +166,6 @@ impl QueuePair {
             scratch: &mut p.sq,
             n: 0,
         };
-        let opcode = t.op.opcode();
         let res = post_chain(
             VERB,
             chain,
@@ -164,14 +174,7 @@ impl QueuePair {
             |_| Ok(()),
             |&(_, signaled), raw: &mut sys::ibv_send_wr, sges| {
                 sges[0] = t.sge;
-                raw.num_sge = c_int::from(t.src.is_some());
-                raw.opcode = opcode;
-                raw.send_flags = if signaled {
-                    sys::ibv_send_flags::IBV_SEND_SIGNALED.0
-                } else {
-                    0
-                };
-                super::post::fill_op(&t.op, raw);
+                t.fill(raw, signaled);
             },
             |ledger, _, (wr_id, _)| {
                 let tag = ledger.insert(wr_id, Loan::Empty)?;
@@ -233,15 +236,7 @@ impl QueuePair {
         signaled: bool,
     ) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_send";
-        let src_pd = t.src.as_ref().map(|(s, _)| s.chunk().pd_ptr());
-        // The QP's address alone could be a later QP's: its facts decide.
-        if t.qp != self.as_ptr() as usize || !self.pending().facts.fast_template(&t.op, src_pd) {
-            return Err(refused_one(Error::invalid(
-                VERB,
-                "the template was made for another QP",
-            )));
-        }
-        if let Some(e) = self.send_refusal_if_any(VERB) {
+        if let Some(e) = self.template_refusal(t, VERB) {
             return Err(refused_one(e));
         }
         let qp = self.as_ptr();
@@ -263,19 +258,12 @@ impl QueuePair {
         let mut sge = t.sge;
         let mut wr = sys::ibv_send_wr {
             wr_id: tag,
-            num_sge: c_int::from(t.src.is_some()),
-            opcode: t.op.opcode(),
-            send_flags: if signaled {
-                sys::ibv_send_flags::IBV_SEND_SIGNALED.0
-            } else {
-                0
-            },
             ..Default::default()
         };
+        t.fill(&mut wr, signaled);
         if t.src.is_some() {
             wr.sg_list = &mut sge;
         }
-        super::post::fill_op(&t.op, &mut wr);
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: a live QP; `wr` is one request (`next` NULL) whose one
         // entry, if any, lives on this stack frame for the call and names
@@ -286,6 +274,19 @@ impl QueuePair {
             return Err(provider_failed(VERB, rc, 1));
         }
         Ok(())
+    }
+
+    /// Why template `t` cannot be posted here now, if it cannot (the
+    /// checks of both template posts): a template of another QP, or what
+    /// the QP's state or a leaked batch refuses.
+    #[inline(always)]
+    fn template_refusal(&self, t: &SendTemplate, verb: &'static str) -> Option<Error> {
+        let src_pd = t.src.as_ref().map(|(s, _)| s.chunk().pd_ptr());
+        // The QP's address alone could be a later QP's: its facts decide.
+        if t.qp != self.as_ptr() as usize || !self.pending().facts.fast_template(&t.op, src_pd) {
+            return Some(Error::invalid(verb, "the template was made for another QP"));
+        }
+        self.send_refusal_if_any(verb)
     }
 
     /// The pin after a refused or failed template post: a provider
