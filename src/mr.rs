@@ -510,6 +510,12 @@ impl Chunk {
         unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 
+    /// Where the chunk starts in its region's buffer.
+    #[inline]
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// Which region the chunk is of (the region's address in memory,
     /// compared, never followed: the region lives while a chunk of it
     /// does).

@@ -83,6 +83,10 @@ const TESTS: &[(&str, TestFn)] = &[
         "alloc::steady_state_templates_allocate_nothing",
         steady_state_templates,
     ),
+    (
+        "alloc::steady_state_recv_buffers_allocate_nothing",
+        steady_state_recv_buffers,
+    ),
 ];
 
 fn main() -> std::process::ExitCode {
@@ -551,5 +555,65 @@ fn steady_state_templates(env: &Env) -> Result<(), Failed> {
     ensure!(one == 0, "{one} allocations in post_template_one rounds");
     ensure!(four == 0, "{four} allocations in post_template rounds");
     ensure!(back.is_empty(), "template writes handed back chunks");
+    Ok(())
+}
+
+/// Sends into a pool of queue-owned receive buffers: posting the free
+/// buffers, taking each completion and dropping its loan allocate
+/// nothing, one buffer a round or four.
+fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::qp::{RecvBuffers, Taken};
+    let (pd, cq, mut a, mut b) = connected_pair(env, AccessFlags::empty())?;
+    let mut bufs = RecvBuffers::new(&pd, 8, 64)?;
+    let mut srcs = pd.alloc_chunks(4, 64, AccessFlags::LOCAL_WRITE)?;
+    let mut wcs = [WorkCompletion::default(); 16];
+    let deadline = common::deadline();
+    let mut round = |n: usize| -> Result<(), Failed> {
+        if bufs.post(&mut b)? == 0 && bufs.posted() < n {
+            return Err("no buffer to post".into());
+        }
+        a.post_send((0..n).map_while(|i| {
+            srcs.pop()
+                .map(|c| SendWr::new(i as u64, SendOp::Send).sge_len(c, 16))
+        }))?;
+        let (mut recvs, mut sends) = (0, 0);
+        let start = Instant::now();
+        while recvs < n || sends < n {
+            for wc in cq.poll(&mut wcs)?.iter() {
+                if !wc.is_success() {
+                    return Err("a completion failed".into());
+                }
+                if wc.qp_num() == a.qp_num() {
+                    sends += a.reclaim_chunks(wc, &mut srcs);
+                    continue;
+                }
+                match bufs.take(&mut b, wc) {
+                    Taken::Mine(msg) if msg.len() == 16 => recvs += 1,
+                    other => return Err(format!("{other:?}").into()),
+                }
+            }
+            if start.elapsed() > deadline {
+                return Err("completions did not arrive".into());
+            }
+        }
+        Ok(())
+    };
+    for _ in 0..20 {
+        round(1)?;
+        round(4)?;
+    }
+    let before = allocations();
+    for _ in 0..1000 {
+        round(1)?;
+    }
+    let one = allocations() - before;
+    let before = allocations();
+    for _ in 0..500 {
+        round(4)?;
+    }
+    let four = allocations() - before;
+    eprintln!("alloc: {one} heap allocations in 1000 rounds of one pool receive, {four} in 500 rounds of four (post, poll, take)");
+    ensure!(one == 0, "{one} allocations in rounds of one");
+    ensure!(four == 0, "{four} allocations in rounds of four");
     Ok(())
 }

@@ -12,8 +12,8 @@
 
 use std::marker::PhantomData;
 
-use rdma_verbs::qp::{RecvBuffers, RecvWr, SendOp, SendTemplate, SendWr, Taken};
-use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WcOpcode, WorkCompletion};
+use rdma_verbs::qp::{RecvBuffers, RecvWr, RequestKind, SendOp, SendTemplate, SendWr, Taken};
+use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WorkCompletion};
 
 use crate::opts::Test;
 use crate::path::{poll_cq, DataPath, Op, Plan, Progress, POLL_BATCH};
@@ -186,7 +186,7 @@ impl<S: Submit> SafePath<S> {
             // whole run of unsignalled ones (their owned chunks only;
             // shared sources are just let go).
             let qp = &mut self.conn.qps[q];
-            if matches!(wc.opcode(), Ok(WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)) {
+            if wc.request_kind() != Some(RequestKind::Send) {
                 if let Some(bufs) = self.recv_bufs.get_mut(q) {
                     p.recvs_done[q] += take_recv(bufs, qp, wc)?;
                     continue;

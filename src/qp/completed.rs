@@ -149,16 +149,6 @@ impl Completed {
         one.into_iter().chain(many.into_iter().flatten())
     }
 
-    /// The request's one owned chunk, if it lent exactly that (one entry,
-    /// not shared).
-    #[inline]
-    pub(crate) fn only_chunk(&self) -> Option<&Chunk> {
-        match &self.loan {
-            Loan::One(Lent::Own(c)) => Some(c),
-            _ => None,
-        }
-    }
-
     /// The first chunk (for the common single-entry request).
     #[inline]
     pub fn into_chunk(self) -> Option<Chunk> {

@@ -221,6 +221,12 @@ impl Pending {
         &mut self.recv
     }
 
+    /// The receive ledger and the facts a receive is checked against.
+    #[inline]
+    pub(super) fn recv_and_facts(&mut self) -> (&mut Ledger<Loan>, &mut RecvFacts) {
+        (&mut self.recv, &mut self.recv_facts)
+    }
+
     /// Keeps requests a completion ended beside the one it named, for
     /// [`QueuePair::take_released`].
     #[cold]

@@ -142,7 +142,7 @@ impl QueuePair {
     /// for each request it ends, oldest first (`QUIET`: for each that
     /// lent something, at least).
     #[inline(always)]
-    fn route<C: Completion + ?Sized, const QUIET: bool>(
+    pub(super) fn route<C: Completion + ?Sized, const QUIET: bool>(
         &mut self,
         wc: &C,
         mut on: impl FnMut(u64, bool, Kind, Loan),

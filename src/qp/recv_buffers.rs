@@ -13,13 +13,16 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::completed::{Completed, PostError};
+use super::entries::{Lent, Loan};
+use super::ledger::Kind;
 use super::request::RecvWr;
-use super::QueuePair;
+use super::{QpState, QueuePair};
 use crate::cq::WorkCompletion;
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, Chunk};
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
+use crate::sys;
 
 /// The pools of the process: a pool's receives carry its number in the
 /// upper 32 bits of their `wr_id` (the lower 32: the buffer's index).
@@ -29,6 +32,14 @@ static NEXT_POOL: AtomicU32 = AtomicU32::new(1);
 /// one registered region, posted by [`post`](Self::post) (or
 /// [`post_srq`](Self::post_srq)) and taken back, one completion at a time,
 /// by [`take`](Self::take).
+///
+/// A post to a QP is direct: the pool checks once per call what every
+/// buffer shares (the QP's state and PD, the buffers' size against a UD
+/// QP's GRH, room for all of them), and each buffer costs the ledger its
+/// record and the raw request, whose entry was filled when the pool was
+/// made. The same holds for [`take`](Self::take): a completion of one of
+/// the pool's buffers is checked against its ledger record and gives the
+/// buffer back without building a [`Completed`].
 ///
 /// ```no_run
 /// # fn f(pd: &rdma_verbs::ProtectionDomain, qp: &mut rdma_verbs::QueuePair,
@@ -52,14 +63,40 @@ pub struct RecvBuffers {
     chunks: Vec<Option<Chunk>>,
     /// Buffers to post, in the order they became free.
     free: Vec<u32>,
-    /// The indexes of the post call being made (room for all, kept).
-    posting: Vec<u32>,
+    /// The raw requests of a post to a QP.
+    raw: RawRecvs,
     size: usize,
     id: u32,
-    /// The region of every buffer (see `Chunk::region_id`) and its first
-    /// buffer's address: buffer `i` is `size` bytes at `base + i * size`.
+    /// The region of every buffer (see `Chunk::region_id`): buffer `i` is
+    /// the `size` bytes at offset `i * size` of it.
     region: usize,
-    base: u64,
+    /// The region's PD (compared, never followed).
+    pd: usize,
+}
+
+/// The raw receive requests of a pool, one per buffer: entry `i` names
+/// buffer `i` through `sges[i]`, which is filled when the pool is made (a
+/// buffer's address, length and key never change). A post sets the
+/// `wr_id`s and links the chain; the pointers are made then, from the
+/// arrays' own (a `Vec`'s heap does not move while it is not resized, and
+/// these never are).
+struct RawRecvs {
+    wrs: Vec<sys::ibv_recv_wr>,
+    sges: Vec<sys::ibv_sge>,
+}
+
+// SAFETY: the raw pointers in `wrs` (`sg_list`, `next`) point into the
+// struct's own arrays and are followed only by the provider, during a post
+// call made through `&mut RecvBuffers`; nothing in them is tied to a
+// thread.
+unsafe impl Send for RawRecvs {}
+// SAFETY: `&RawRecvs` gives no access to anything (only `&mut` posts).
+unsafe impl Sync for RawRecvs {}
+
+impl std::fmt::Debug for RawRecvs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} raw receive requests", self.wrs.len())
+    }
 }
 
 /// What [`RecvBuffers::take`] made of a completion.
@@ -92,24 +129,42 @@ pub struct Received<'a> {
 
 impl RecvBuffers {
     /// Registers `count` buffers of `size` bytes (one region, `LOCAL_WRITE`
-    /// only) in `pd`. Refused: `count` 0 or above `u32::MAX`, `size` 0.
+    /// only) in `pd`. Refused: `count` 0 or above `u32::MAX`, `size` 0 or
+    /// above `u32::MAX` (an sge's length).
     #[doc(alias = "ibv_reg_mr")]
     pub fn new(pd: &ProtectionDomain, count: usize, size: usize) -> Result<Self> {
         const VERB: &str = "ibv_reg_mr";
-        if count == 0 || u32::try_from(count).is_err() || size == 0 {
+        if count == 0 || u32::try_from(count).is_err() || size == 0 || u32::try_from(size).is_err()
+        {
             return Err(Error::invalid(
                 VERB,
-                format!("{count} receive buffers of {size} bytes: both must be at least 1 (and the count at most {})", u32::MAX),
+                format!(
+                    "{count} receive buffers of {size} bytes: both must be at least 1 and at most {}",
+                    u32::MAX
+                ),
             ));
         }
         let chunks = pd.alloc_chunks(count, size, AccessFlags::LOCAL_WRITE)?;
-        let (region, base) = chunks.first().map_or((0, 0), |c| (c.region_id(), c.addr()));
+        let region = chunks.first().map_or(0, Chunk::region_id);
+        let sges = (chunks.iter())
+            .map(|c| sys::ibv_sge {
+                addr: c.addr(),
+                length: size as u32,
+                lkey: c.lkey(),
+            })
+            .collect();
+        let wrs = (0..count)
+            .map(|_| sys::ibv_recv_wr {
+                num_sge: 1,
+                ..Default::default()
+            })
+            .collect();
         Ok(RecvBuffers {
             region,
-            base,
+            pd: pd.as_ptr() as usize,
             chunks: chunks.into_iter().map(Some).collect(),
             free: (0..count as u32).collect(),
-            posting: Vec::with_capacity(count),
+            raw: RawRecvs { wrs, sges },
             size,
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
         })
@@ -147,59 +202,141 @@ impl RecvBuffers {
 
     /// Posts every free buffer to `qp`'s receive queue in one
     /// `ibv_post_recv` call; returns how many. Nothing free: nothing is
-    /// called. Refused as [`QueuePair::post_recv`] refuses (the buffers
-    /// stay free); a provider failure leaves them posted (in doubt) until
-    /// a completion or a RESET brings them back.
+    /// called. Refused, with every buffer still free and nothing recorded,
+    /// as [`QueuePair::post_recv`] refuses: a QP in RESET or ERR or
+    /// receiving through an SRQ, a QP of another PD or with
+    /// `max_recv_sge` 0, buffers smaller than a UD QP's 40-byte GRH on a
+    /// port that needs one, no room for them all. A provider failure
+    /// leaves them posted (in doubt) until a completion or a RESET brings
+    /// them back.
     #[doc(alias = "ibv_post_recv")]
+    #[inline]
     pub fn post(&mut self, qp: &mut QueuePair) -> Result<usize, PostError> {
-        self.post_with(usize::MAX, qp)
+        self.post_up_to(qp, usize::MAX)
     }
 
     /// Posts at most `n` free buffers (the ones freed last), as
     /// [`post`](Self::post) posts all of them; returns how many.
     #[doc(alias = "ibv_post_recv")]
+    #[inline]
     pub fn post_up_to(&mut self, qp: &mut QueuePair, n: usize) -> Result<usize, PostError> {
-        self.post_with(n, qp)
-    }
-
-    /// Posts every free buffer to `srq`, as [`post`](Self::post) does to a
-    /// QP; completions of them come through any QP of the SRQ.
-    #[doc(alias = "ibv_post_srq_recv")]
-    pub fn post_srq(&mut self, srq: &SharedReceiveQueue) -> Result<usize, PostError> {
-        self.post_with(usize::MAX, &mut &*srq)
-    }
-
-    fn post_with(&mut self, most: usize, to: &mut impl RecvQueue) -> Result<usize, PostError> {
-        let n = self.free.len().min(most);
+        const VERB: &str = "ibv_post_recv";
+        let n = self.free.len().min(n);
         if n == 0 {
             return Ok(0);
         }
-        self.posting.clear();
-        // The buffers freed last (a refusal puts them back where they were).
+        if let Some(e) = qp.pool_refusal(self.pd, self.size, n) {
+            return Err(super::post::fail(e, 0, Vec::new()));
+        }
         let start = self.free.len() - n;
-        self.posting.extend(self.free.drain(start..));
+        let head = self.free[start] as usize;
+        let ledger = qp.pending_mut().recv_mut();
+        let wrs = self.raw.wrs.as_mut_ptr();
+        let sges = self.raw.sges.as_mut_ptr();
+        let mut prev: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        for k in start..self.free.len() {
+            let i = self.free[k];
+            let wr_id = self.wr_id(i);
+            // A free buffer is here (`Some`); the take leaves `None`, posted.
+            let Some(chunk) = self.chunks[i as usize].take() else {
+                return Err(self.undo_post(
+                    qp,
+                    start,
+                    k,
+                    Error::invalid(VERB, "internal: a free buffer is missing"),
+                ));
+            };
+            let tag = match ledger.insert(wr_id, Loan::One(Lent::Own(chunk))) {
+                Ok(tag) => tag,
+                Err(loan) => {
+                    self.chunks[i as usize] = match loan {
+                        Loan::One(Lent::Own(c)) => Some(c),
+                        _ => None,
+                    };
+                    return Err(self.undo_post(qp, start, k, Error::TagsExhausted { verb: VERB }));
+                }
+            };
+            // SAFETY: `i` < the buffer count, the length of both arrays
+            // (a free index is one of the pool's); the pointers come from
+            // the arrays' own and are written through only here, while
+            // `&mut self` is held.
+            unsafe {
+                let w = wrs.add(i as usize);
+                (*w).wr_id = tag;
+                (*w).sg_list = sges.add(i as usize);
+                (*w).next = std::ptr::null_mut();
+                if !prev.is_null() {
+                    (*prev).next = w;
+                }
+                prev = w;
+            }
+        }
+        self.free.truncate(start);
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: a live QP; `head` starts a NULL-terminated chain of the
+        // `n` requests linked above, in this pool's arrays (borrowed for
+        // the call), each with one entry naming a buffer of the pool's
+        // region, which is of the QP's PD and registered with LOCAL_WRITE
+        // (checked by `pool_refusal`). The ledger holds each buffer's
+        // chunk from here until the device is done with it (its
+        // completion, a RESET, the QP's destruction), whatever the
+        // provider returns, so the region stays registered and its bytes
+        // unread meanwhile.
+        let rc = unsafe { sys::ibv_post_recv(qp.as_ptr(), wrs.add(head), &mut bad) };
+        if rc != 0 {
+            return Err(super::chain::provider_failed(VERB, rc, n));
+        }
+        Ok(n)
+    }
+
+    /// Takes back the records of this call's first `k - start` buffers
+    /// (`free[start..k]`), newest first, after a refusal halfway: they
+    /// never reached a device, so their buffers are free again.
+    #[cold]
+    #[inline(never)]
+    fn undo_post(&mut self, qp: &mut QueuePair, start: usize, k: usize, error: Error) -> PostError {
+        let ledger = qp.pending_mut().recv_mut();
+        for j in (start..k).rev() {
+            let i = self.free[j] as usize;
+            if let Some(Loan::One(Lent::Own(c))) = ledger.undo_last(self.raw.wrs[i].wr_id) {
+                self.chunks[i] = Some(c);
+            }
+        }
+        super::post::fail(error, 0, Vec::new())
+    }
+
+    /// Posts every free buffer to `srq`, as [`post`](Self::post) does to a
+    /// QP (through [`SharedReceiveQueue::post_recv`]); completions of them
+    /// come through any QP of the SRQ.
+    #[doc(alias = "ibv_post_srq_recv")]
+    pub fn post_srq(&mut self, srq: &SharedReceiveQueue) -> Result<usize, PostError> {
+        let n = self.free.len();
+        if n == 0 {
+            return Ok(0);
+        }
         let (id, chunks) = (self.id, &mut self.chunks);
-        let mut wrs = self.posting.iter().filter_map(|&i| {
+        let mut wrs = self.free.iter().filter_map(|&i| {
             let c = chunks[i as usize].take()?;
             Some(RecvWr::new((u64::from(id) << 32) | u64::from(i)).sge(c))
         });
-        match to.post(&mut wrs) {
-            Ok(()) => Ok(n),
+        match srq.post_recv(&mut wrs) {
+            Ok(()) => {
+                self.free.clear();
+                Ok(n)
+            }
             Err(e) if e.posted == 0 => {
                 // Refused before the call: every chunk came back, in
                 // request order.
                 let mut back = e.returned.into_iter();
-                for &i in &self.posting {
+                for &i in &self.free {
                     self.chunks[i as usize] = back.next();
                 }
-                self.free.extend_from_slice(&self.posting);
-                Err(PostError {
-                    error: e.error,
-                    posted: 0,
-                    returned: Vec::new(),
-                })
+                Err(super::post::fail(e.error, 0, Vec::new()))
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                self.free.clear();
+                Err(e)
+            }
         }
     }
 
@@ -209,25 +346,33 @@ impl RecvBuffers {
     /// lost.
     #[inline]
     pub fn take<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
-        match qp.reclaim_one(wc) {
-            None => Taken::Nothing,
-            Some(c) => match self.keep(c) {
-                Ok(index) => {
-                    let ok = wc.is_success();
-                    let len = if ok {
-                        (wc.byte_len() as usize).min(self.size)
-                    } else {
-                        0
-                    };
-                    Taken::Mine(Received {
-                        pool: self,
-                        index,
-                        len,
-                        ok,
-                    })
-                }
-                Err(c) => Taken::Other(c),
-            },
+        if !matches!(Kind::of(wc.wr_id()), Some(Kind::Recv | Kind::Srq)) {
+            return take_other(qp, wc);
+        }
+        // A receive completion ends at most one request.
+        let mut ended = None;
+        qp.route::<WorkCompletion, false>(wc, |wr_id, signaled, kind, loan| {
+            ended = Some((wr_id, signaled, kind, loan));
+        });
+        let Some((wr_id, signaled, kind, loan)) = ended else {
+            return Taken::Nothing;
+        };
+        match self.keep(wr_id, loan) {
+            Ok(index) => {
+                let ok = wc.is_success();
+                let len = if ok {
+                    (wc.byte_len() as usize).min(self.size)
+                } else {
+                    0
+                };
+                Taken::Mine(Received {
+                    pool: self,
+                    index,
+                    len,
+                    ok,
+                })
+            }
+            Err(loan) => Taken::Other(Completed::new(wr_id, signaled, kind, loan)),
         }
     }
 
@@ -236,49 +381,150 @@ impl RecvBuffers {
     /// caller reclaimed itself): its buffer is free again. Another
     /// request comes back as `Err`.
     pub fn give_back(&mut self, c: Completed) -> std::result::Result<(), Completed> {
-        let index = self.keep(c)?;
-        self.free.push(index);
-        Ok(())
+        let Completed {
+            wr_id,
+            signaled,
+            kind,
+            loan,
+        } = c;
+        match self.keep(wr_id, loan) {
+            Ok(index) => {
+                self.free.push(index);
+                Ok(())
+            }
+            Err(loan) => Err(Completed {
+                wr_id,
+                signaled,
+                kind,
+                loan,
+            }),
+        }
     }
 
     /// Stores a request's chunk in its buffer's place if it is this pool's:
     /// its `wr_id` names a posted buffer of the pool, and its one chunk is
     /// that very buffer (a receive the caller posted with a `wr_id` of the
-    /// pool's is not the pool's, whatever its chunks).
-    fn keep(&mut self, c: Completed) -> std::result::Result<u32, Completed> {
-        let index = (c.wr_id & u64::from(u32::MAX)) as u32;
-        let at = self.base + u64::from(index) * self.size as u64;
-        let ours = c.wr_id == self.wr_id(index)
-            && self.chunks.get(index as usize).is_some_and(Option::is_none)
-            && c.only_chunk().is_some_and(|ch| {
-                ch.region_id() == self.region && ch.addr() == at && ch.len() == self.size
-            });
-        if !ours {
-            return Err(c);
+    /// pool's is not the pool's, whatever its chunks: the pool's region
+    /// has no chunk but the pool's own).
+    #[inline(always)]
+    fn keep(&mut self, wr_id: u64, loan: Loan) -> std::result::Result<u32, Loan> {
+        let index = wr_id as u32;
+        if wr_id != self.wr_id(index)
+            || !self.chunks.get(index as usize).is_some_and(Option::is_none)
+        {
+            return Err(loan);
         }
-        // `ours` saw exactly one owned chunk: `into_chunk` gives it.
-        self.chunks[index as usize] = c.into_chunk();
-        Ok(index)
+        match loan {
+            Loan::One(Lent::Own(c))
+                if c.region_id() == self.region
+                    && c.offset() == index as usize * self.size
+                    && c.len() == self.size =>
+            {
+                self.chunks[index as usize] = Some(c);
+                Ok(index)
+            }
+            other => Err(other),
+        }
     }
 }
 
-/// Where a pool's receives go: a QP's receive queue or an SRQ (generic,
-/// so that the post loop is inlined for each).
-trait RecvQueue {
-    fn post(&mut self, wrs: impl Iterator<Item = RecvWr>) -> Result<(), PostError>;
-}
-
-impl RecvQueue for QueuePair {
-    #[inline]
-    fn post(&mut self, wrs: impl Iterator<Item = RecvWr>) -> Result<(), PostError> {
-        self.post_recv(wrs)
+/// A completion of another queue kind than a receive's, for
+/// [`RecvBuffers::take`]: handed back as [`QueuePair::reclaim_one`] does.
+#[cold]
+#[inline(never)]
+fn take_other<'a>(qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
+    match qp.reclaim_one(wc) {
+        Some(c) => Taken::Other(c),
+        None => Taken::Nothing,
     }
 }
 
-impl RecvQueue for &SharedReceiveQueue {
-    #[inline]
-    fn post(&mut self, wrs: impl Iterator<Item = RecvWr>) -> Result<(), PostError> {
-        self.post_recv(wrs)
+impl QueuePair {
+    /// Why `n` buffers of `size` bytes of a pool in PD `pd` cannot be
+    /// posted to this QP's receive queue now, if they cannot (the checks
+    /// [`post_recv`](Self::post_recv) makes per request, made once for
+    /// all of them).
+    #[inline(always)]
+    fn pool_refusal(&mut self, pd: usize, size: usize, n: usize) -> Option<Error> {
+        let state = self.state();
+        let srq = self.uses_srq();
+        let floor = self.recv_floor();
+        let (ledger, facts) = self.pending_mut().recv_and_facts();
+        facts.floor = floor;
+        let room = ledger.room();
+        if matches!(state, QpState::Reset | QpState::Err)
+            || srq
+            || facts.pd as usize != pd
+            || facts.max_sge == 0
+            || size < floor as usize
+            || room < n
+        {
+            let held = ledger.len();
+            return Some(pool_refused(
+                state,
+                srq,
+                facts.pd as usize != pd,
+                facts.max_sge,
+                floor,
+                size,
+                n,
+                room,
+                held,
+            ));
+        }
+        None
+    }
+}
+
+/// The error of a refused pool post (see `QueuePair::pool_refusal`).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn pool_refused(
+    state: QpState,
+    srq: bool,
+    other_pd: bool,
+    max_sge: u32,
+    floor: u32,
+    size: usize,
+    n: usize,
+    room: usize,
+    held: usize,
+) -> Error {
+    const VERB: &str = "ibv_post_recv";
+    if matches!(state, QpState::Reset | QpState::Err) {
+        Error::QpState {
+            verb: VERB,
+            state,
+            needs: "receives need INIT, RTR, RTS, SQD or SQE",
+        }
+    } else if srq {
+        Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ")
+    } else if other_pd {
+        Error::invalid(
+            VERB,
+            "the receive buffers are of another protection domain than the QP",
+        )
+    } else if max_sge == 0 {
+        Error::invalid(
+            VERB,
+            "the QP was created with max_recv_sge 0: a receive buffer needs one entry",
+        )
+    } else if size < floor as usize {
+        Error::invalid(
+            VERB,
+            format!(
+                "receive buffers of {size} bytes on a UD QP whose port needs a GRH: the device \
+                 writes the {floor}-byte GRH first, so a buffer needs at least {floor} bytes"
+            ),
+        )
+    } else {
+        Error::invalid(
+            VERB,
+            format!(
+                "{n} request(s) but the receive queue has room for {room} ({held} outstanding)"
+            ),
+        )
     }
 }
 

@@ -30,6 +30,14 @@ pub const TESTS: &[(&str, TestFn)] = &[
         recv_buffers_forged,
     ),
     (
+        "by_value::recv_buffers_post_direct_and_refuse_with_nothing_recorded",
+        recv_buffers_direct,
+    ),
+    (
+        "by_value::recv_buffers_outlive_their_pool_while_posted",
+        recv_buffers_dropped,
+    ),
+    (
         "by_value::bookkeeping_is_48_bytes_a_queue_slot",
         bookkeeping_bytes,
     ),
@@ -292,6 +300,130 @@ fn recv_buffers_reset(env: &Env) -> Result<(), Failed> {
         others == 1 && bufs.free() == 3 && bufs.posted() == 0,
         "{} free",
         bufs.free()
+    );
+    Ok(())
+}
+
+/// The pool's direct post checks once per call what every buffer shares,
+/// and a refusal records nothing and leaves every buffer free: no room
+/// for them all, a pool of another PD, a QP in RESET, buffers too small
+/// for a UD QP's GRH. One pool feeds two QPs.
+fn recv_buffers_direct(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let room = p.b.caps().max_recv_wr as usize;
+    // No room for all: refused whole, then posted up to the room.
+    let mut bufs = RecvBuffers::new(&p.pd, room + 2, 64)?;
+    let e = bufs.post(&mut p.b).expect_err("more buffers than room");
+    ensure!(
+        e.posted == 0 && e.to_string().contains("has room for"),
+        "{e}"
+    );
+    ensure!(
+        bufs.free() == room + 2 && bufs.posted() == 0 && p.b.outstanding_recvs() == 0,
+        "a refusal recorded {} receives",
+        p.b.outstanding_recvs()
+    );
+    ensure!(
+        bufs.post_up_to(&mut p.b, room)? == room,
+        "posted up to the room"
+    );
+    let e = bufs.post(&mut p.b).expect_err("a full receive queue");
+    ensure!(e.posted == 0 && bufs.free() == 2, "{e}");
+    ensure!(
+        p.b.outstanding_recvs() == room,
+        "{}",
+        p.b.outstanding_recvs()
+    );
+    // A pool of another PD.
+    let other = env.ctx.alloc_pd()?;
+    let mut theirs = RecvBuffers::new(&other, 2, 64)?;
+    let e = theirs.post(&mut p.a).expect_err("another PD");
+    ensure!(
+        e.to_string().contains("another protection domain") && theirs.free() == 2,
+        "{e}"
+    );
+    ensure!(p.a.outstanding_recvs() == 0, "{}", p.a.outstanding_recvs());
+    // The same pool feeds the other QP too; each completion is the pool's.
+    ensure!(bufs.post(&mut p.a)? == 2, "posted to the second QP");
+    let mut srcs = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    let (s1, s0) = (srcs.pop().ok_or("no chunk")?, srcs.pop().ok_or("no chunk")?);
+    p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(s0, 5)])?;
+    p.b.post_send([SendWr::new(2, SendOp::Send).sge_len(s1, 6)])?;
+    let mut lens = Vec::new();
+    for wc in poll_n(&p.cq, 4)? {
+        let qp = if wc.qp_num() == p.a.qp_num() {
+            &mut p.a
+        } else {
+            &mut p.b
+        };
+        match bufs.take(qp, &wc) {
+            Taken::Mine(msg) => lens.push(msg.len()),
+            Taken::Other(c) => ensure!(c.kind == RequestKind::Send, "{c:?}"),
+            Taken::Nothing => return Err(format!("{wc:?} ended nothing").into()),
+        }
+    }
+    lens.sort_unstable();
+    ensure!(lens == [5, 6], "received {lens:?}");
+    // RESET: refused, nothing recorded; the buffers come back.
+    for c in p.a.reset()? {
+        bufs.give_back(c)
+            .map_err(|c| format!("not the pool's: {c:?}"))?;
+    }
+    let free = bufs.free();
+    let e = bufs.post(&mut p.a).expect_err("RESET");
+    ensure!(e.posted == 0 && bufs.free() == free, "{e}");
+    ensure!(p.a.outstanding_recvs() == 0, "{}", p.a.outstanding_recvs());
+    // UD on a port that needs a GRH (RoCE): buffers under 40 bytes.
+    let mut u = pair(env, QpType::Ud, caps(), AccessFlags::empty())?;
+    let mut small = RecvBuffers::new(&u.pd, 2, 16)?;
+    match small.post(&mut u.b) {
+        Err(e) => ensure!(e.to_string().contains("GRH") && small.free() == 2, "{e}"),
+        // An InfiniBand port without IBV_QPF_GRH_REQUIRED takes them.
+        Ok(n) => ensure!(
+            !env.ctx.query_port(env.port)?.is_roce() && n == 2,
+            "16-byte UD buffers posted on RoCE"
+        ),
+    }
+    ensure!(
+        RecvBuffers::new(&u.pd, 2, 64)?.post(&mut u.b)? == 2,
+        "64-byte UD buffers"
+    );
+    Ok(())
+}
+
+/// A pool dropped while its buffers are posted: the QP's ledger keeps
+/// each buffer's chunk (and so the region) until its completion, which
+/// hands the chunk back with the bytes that came.
+fn recv_buffers_dropped(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let mut bufs = RecvBuffers::new(&p.pd, 2, 64)?;
+    ensure!(bufs.post(&mut p.b)? == 2, "posted");
+    drop(bufs);
+    let mut src =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    src.as_mut_slice()[..4].copy_from_slice(b"late");
+    p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(src, 4)])?;
+    let mut got = None;
+    for wc in poll_n(&p.cq, 2)? {
+        if wc.qp_num() == p.b.qp_num() {
+            got = p.b.reclaim_one(&wc).and_then(Completed::into_chunk);
+        } else {
+            p.a.reclaim_one(&wc).ok_or("the send ended nothing")?;
+        }
+    }
+    let chunk = got.ok_or("the receive's chunk did not come back")?;
+    ensure!(
+        &chunk.as_slice()[..4] == b"late",
+        "{:?}",
+        &chunk.as_slice()[..4]
+    );
+    // The other buffer goes with the QP's RESET.
+    let back = p.b.reset()?;
+    ensure!(
+        back.len() == 1 && back[0].kind == RequestKind::Recv,
+        "{back:?}"
     );
     Ok(())
 }
