@@ -14,12 +14,18 @@ use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
 
-/// Raw requests a queue fills in place for each post call, with room for
-/// [`MAX_SGE`] entries each: allocated with the queue, grown (once) by a
-/// longer chain.
+/// Raw requests a queue fills in place for each post call, each beside
+/// its room for [`MAX_SGE`] entries (one allocation for both): allocated
+/// with the queue, grown (once) by a longer chain.
 pub(crate) struct Scratch<R> {
-    wrs: Vec<R>,
-    sges: Vec<sys::ibv_sge>,
+    raws: Vec<Raw<R>>,
+}
+
+/// One raw request and its entries.
+#[derive(Default)]
+struct Raw<R> {
+    wr: R,
+    sges: [sys::ibv_sge; MAX_SGE],
 }
 
 // SAFETY: the raw pointers inside are only meaningful during one post call
@@ -31,68 +37,78 @@ unsafe impl<R> Sync for Scratch<R> {}
 impl<R: ChainLink> Scratch<R> {
     pub(crate) fn new(room: usize) -> Self {
         let room = room.max(1);
-        let mut wrs = Vec::with_capacity(room);
-        let mut sges = Vec::with_capacity(room * MAX_SGE);
+        let mut raws = Vec::with_capacity(room);
         // The optimiser turns "allocate, then fill with zeros" into one
         // `calloc`, which glibc serves without its per-thread cache: a QP
         // created and destroyed over and over then pays malloc's slow
         // paths both ways (measured: about 580 instructions per QP).
-        // Hiding the fresh vectors from it keeps the plain allocation.
-        std::hint::black_box((&mut wrs, &mut sges));
-        wrs.resize_with(room, R::default);
-        sges.resize(room * MAX_SGE, sys::ibv_sge::default());
-        Scratch { wrs, sges }
+        // Hiding the fresh vector from it keeps the plain allocation.
+        std::hint::black_box(&mut raws);
+        raws.resize_with(room, Raw::default);
+        Scratch { raws }
     }
 
     /// Room for one more request than `n` (a chain longer than the room).
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        let n = self.wrs.len() * 2;
-        self.wrs.resize_with(n, R::default);
-        self.sges.resize(n * MAX_SGE, sys::ibv_sge::default());
+        let n = self.raws.len() * 2;
+        self.raws.resize_with(n, Raw::default);
+    }
+
+    /// How many requests there is room for.
+    #[inline(always)]
+    fn room(&self) -> usize {
+        self.raws.len()
     }
 
     /// Request `i` and its entries.
     #[inline(always)]
     fn at(&mut self, i: usize) -> (&mut R, &mut [sys::ibv_sge]) {
-        (
-            &mut self.wrs[i],
-            &mut self.sges[i * MAX_SGE..(i + 1) * MAX_SGE],
-        )
+        let raw = &mut self.raws[i];
+        (&mut raw.wr, &mut raw.sges[..])
     }
 
     /// Links the first `n` requests into a NULL-terminated chain over
     /// their entries and returns its head. Every pointer is derived from
-    /// the two base pointers taken here, after which nothing touches the
-    /// vectors until the post call that receives the chain returns.
+    /// the base pointer taken here, after which nothing touches the
+    /// vector until the post call that receives the chain returns.
     #[inline(always)]
     fn link(&mut self, n: usize) -> *mut R {
-        let wbase = self.wrs.as_mut_ptr();
-        let sbase = self.sges.as_mut_ptr();
+        let base = self.raws.as_mut_ptr();
         for i in 0..n {
-            // SAFETY: `i < n <= wrs.len()`: an initialised element of `wrs`,
-            // which `&mut self` borrows; no other reference to it exists.
-            let w = unsafe { &mut *wbase.add(i) };
+            // SAFETY: `i < n <= raws.len()`: an initialised element of
+            // `raws`, which `&mut self` borrows; no other reference to it
+            // exists, and the pointers made below are to its entries and to
+            // the next element's request (disjoint from this one's).
+            let (w, sges) = unsafe {
+                let e = base.add(i);
+                (
+                    &mut (*e).wr,
+                    std::ptr::addr_of_mut!((*e).sges).cast::<sys::ibv_sge>(),
+                )
+            };
             let next = if i + 1 < n {
-                wbase.wrapping_add(i + 1)
+                // SAFETY: `i + 1 < n <= raws.len()`: in bounds.
+                unsafe { std::ptr::addr_of_mut!((*base.add(i + 1)).wr) }
             } else {
                 std::ptr::null_mut()
             };
-            w.set_links(sbase.wrapping_add(i * MAX_SGE), next);
+            w.set_links(sges, next);
         }
-        wbase
+        // SAFETY: `raws` is not empty (`new` makes room for one at
+        // least): its first element's request, from the same base pointer.
+        unsafe { std::ptr::addr_of_mut!((*base).wr) }
     }
 
     /// Bytes allocated.
     pub(super) fn bytes(&self) -> usize {
-        self.wrs.capacity() * std::mem::size_of::<R>()
-            + self.sges.capacity() * std::mem::size_of::<sys::ibv_sge>()
+        self.raws.capacity() * std::mem::size_of::<Raw<R>>()
     }
 
     #[inline]
     fn tag(&self, i: usize) -> u64 {
-        self.wrs[i].wr_id()
+        self.raws[i].wr.wr_id()
     }
 }
 
@@ -185,7 +201,7 @@ pub(super) fn post_chain<W, R: ChainLink>(
                 no_room(total, room, held)
             }));
         }
-        if n == chain.scratch.wrs.len() {
+        if n == chain.scratch.room() {
             chain.scratch.grow();
         }
         let (raw, sges) = chain.scratch.at(n);
