@@ -84,6 +84,10 @@ const TESTS: &[(&str, TestFn)] = &[
         steady_state_templates,
     ),
     (
+        "alloc::steady_state_post_recv_one_allocates_nothing",
+        steady_state_recv_one,
+    ),
+    (
         "alloc::steady_state_recv_buffers_allocate_nothing",
         steady_state_recv_buffers,
     ),
@@ -615,5 +619,51 @@ fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
     eprintln!("alloc: {one} heap allocations in 1000 rounds of one pool receive, {four} in 500 rounds of four (post, poll, take)");
     ensure!(one == 0, "{one} allocations in rounds of one");
     ensure!(four == 0, "{four} allocations in rounds of four");
+    Ok(())
+}
+
+/// One receive reposted from its completion (`post_recv_one`), a send
+/// into it: 1000 rounds, no heap allocation.
+fn steady_state_recv_one(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::qp::RecvWr;
+    let (pd, cq, mut a, mut b) = connected_pair(env, AccessFlags::empty())?;
+    let mut rx = pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?;
+    let mut tx = pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?;
+    let mut wcs = [WorkCompletion::default(); 8];
+    let deadline = common::deadline();
+    let mut round = || -> Result<(), Failed> {
+        b.post_recv_one(RecvWr::new(1).sge(rx.pop().ok_or("no receive chunk")?))?;
+        a.post_send([SendWr::new(2, SendOp::Send).sge_len(tx.pop().ok_or("no send chunk")?, 8)])?;
+        let mut n = 0;
+        let start = Instant::now();
+        while n < 2 {
+            for wc in cq.poll(&mut wcs)?.iter() {
+                if !wc.is_success() {
+                    return Err("a completion failed".into());
+                }
+                n += if wc.qp_num() == a.qp_num() {
+                    a.reclaim_chunks(wc, &mut tx)
+                } else {
+                    b.reclaim_chunks(wc, &mut rx)
+                };
+            }
+            if start.elapsed() > deadline {
+                return Err("completions did not arrive".into());
+            }
+        }
+        Ok(())
+    };
+    for _ in 0..20 {
+        round()?;
+    }
+    let before = allocations();
+    for _ in 0..1000 {
+        round()?;
+    }
+    let n = allocations() - before;
+    eprintln!(
+        "alloc: {n} heap allocations in 1000 rounds of post_recv_one, a send, poll, reclaim_chunks"
+    );
+    ensure!(n == 0, "{n} allocations");
     Ok(())
 }

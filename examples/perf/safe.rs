@@ -382,6 +382,17 @@ impl<S: Submit> DataPath for SafePath<S> {
                 .map_err(|e| format!("Couldn't post receive: {e}"));
         }
         let pool = &mut self.recv_pool[q];
+        if n == 1 {
+            // The latency loops' one repost: no iterator, no chain.
+            let Some(c) = pool.pop() else { return Ok(()) };
+            return self.conn.qps[q]
+                .post_recv_one(RecvWr::new(RECV).sge(c))
+                .map_err(|e| {
+                    let msg = format!("Couldn't post receive: {e}");
+                    pool.extend(e.returned);
+                    msg
+                });
+        }
         let n = n.min(pool.len()) as u64;
         // The newest free chunks first, popped one at a time (no `Drain`
         // to keep and close).

@@ -106,12 +106,15 @@ use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
 use super::ledger::{Kind, Ledger};
 use super::pin::Pin;
-use super::request::{RecvWr, SendOp, SendWr};
+
+mod recv;
+use super::request::{SendOp, SendWr};
 use super::{QpCaps, QpState, QpType, QueuePair};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
+pub(crate) use recv::post_recv_chain;
 
 /// Outstanding requests of one QP, requests handed back by a RESET, the
 /// raw requests posts are filled into, and the facts the checks need.
@@ -485,69 +488,6 @@ impl QueuePair {
         )
     }
 
-    /// Posts a chain of receive requests with one `ibv_post_recv` call.
-    ///
-    /// Refused before the call, with every chunk handed back: a QP whose
-    /// known state is RESET or ERR (in ERR the verbs would flush the
-    /// receive, but rxe on Linux 6.1 never completes it), a QP that
-    /// receives through an SRQ, more entries than `max_recv_sge` or
-    /// [`MAX_SGE`](super::MAX_SGE), chunks of another PD, chunks of a region registered
-    /// without `LOCAL_WRITE` (the device writes receives: it would fail
-    /// the receive and move the QP to ERR), on a UD QP bound to a port that
-    /// needs a GRH (RoCE, or `IBV_QPF_GRH_REQUIRED`) a receive of fewer
-    /// than 40 bytes in all (the device writes the 40-byte GRH first, and
-    /// on such a port every datagram carries one), and no room in the
-    /// receive queue. On an InfiniBand port without that flag the 40 bytes
-    /// are not checked: a datagram may come without a GRH (its payload still
-    /// starts at byte 40, ibv_post_recv(3)). A receive without a buffer
-    /// ([`RecvWr::new`](super::RecvWr::new) alone) is allowed: it takes an RDMA WRITE with
-    /// immediate (or a zero-length send).
-    /// An empty iterator posts nothing and calls nothing.
-    #[doc(alias = "ibv_post_recv")]
-    #[inline]
-    pub fn post_recv<I>(&mut self, wrs: I) -> Result<(), PostError>
-    where
-        I: IntoIterator<Item = RecvWr>,
-    {
-        const VERB: &str = "ibv_post_recv";
-        let state = self.state();
-        if matches!(state, QpState::Reset | QpState::Err) || self.uses_srq() {
-            let error = if self.uses_srq() {
-                Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ")
-            } else {
-                Error::QpState {
-                    verb: VERB,
-                    state,
-                    needs: "receives need INIT, RTR, RTS, SQD or SQE",
-                }
-            };
-            return refuse_all(Some(error), wrs.into_iter(), |w, out| w.data.give_back(out));
-        }
-        let floor = self.recv_floor();
-        let qp = self.as_ptr();
-        let p = self.pending_mut();
-        p.recv_facts.floor = floor;
-        let facts = p.recv_facts;
-        post_recv_chain(
-            VERB,
-            &mut p.recv,
-            &mut p.rq,
-            &facts,
-            wrs.into_iter(),
-            |n, room, held| {
-                Error::invalid(
-                    VERB,
-                    format!("{n} request(s) but the receive queue has room for {room} ({held} outstanding)"),
-                )
-            },
-            |chain, bad| {
-                // SAFETY: live QP; a NULL-terminated chain into the scratch
-                // vectors, naming chunks the ledger holds.
-                unsafe { sys::ibv_post_recv(qp, chain, bad) }
-            },
-        )
-    }
-
     /// Posts a raw chain of send requests, bypassing the buffer ownership of
     /// [`post_send`](Self::post_send): the expert path.
     ///
@@ -708,44 +648,4 @@ fn lend_side(
         }
         Err(_) => Err(loan),
     }
-}
-
-/// Fills a receive's raw form in place.
-#[inline(always)]
-fn fill_recv(wr: &RecvWr, raw: &mut sys::ibv_recv_wr, sges: &mut [sys::ibv_sge]) {
-    raw.num_sge = wr.data.fill(sges) as c_int;
-}
-
-/// Posts the receives of `reqs` to a QP's receive queue or an SRQ through
-/// `call`, after the checks every receive gets.
-#[inline]
-pub(crate) fn post_recv_chain(
-    verb: &'static str,
-    ledger: &mut Ledger<Loan>,
-    scratch: &mut Scratch<sys::ibv_recv_wr>,
-    facts: &RecvFacts,
-    reqs: impl Iterator<Item = RecvWr>,
-    no_room: impl FnOnce(usize, usize, usize) -> Error,
-    call: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> c_int,
-) -> Result<(), PostError> {
-    // Receives never lend beside their entries: no side table.
-    let mut no_side = Vec::new();
-    let chain = Chain {
-        ledger,
-        side: &mut no_side,
-        scratch,
-        n: 0,
-    };
-    post_chain(
-        verb,
-        chain,
-        reqs,
-        |wr| facts.fast(wr),
-        |wr| facts.check(verb, wr),
-        fill_recv,
-        |ledger, _, wr: RecvWr| ledger.insert(wr.wr_id, wr.data.into_loan()),
-        |wr, out| wr.data.give_back(out),
-        no_room,
-        call,
-    )
 }

@@ -38,6 +38,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         recv_buffers_dropped,
     ),
     (
+        "by_value::post_recv_one_reposts_and_refuses_misuse",
+        recv_one,
+    ),
+    (
         "by_value::bookkeeping_is_48_bytes_a_queue_slot",
         bookkeeping_bytes,
     ),
@@ -425,6 +429,97 @@ fn recv_buffers_dropped(env: &Env) -> Result<(), Failed> {
         back.len() == 1 && back[0].kind == RequestKind::Recv,
         "{back:?}"
     );
+    Ok(())
+}
+
+/// One receive per call, reposted straight from its completion; what
+/// `post_recv` refuses is refused the same way, with the chunk handed
+/// back and nothing recorded: a chunk of another PD, one the device may
+/// not write, no room, RESET, a UD receive under the GRH's 40 bytes.
+fn recv_one(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let mut rx =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    let mut tx =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    for round in 0..5u8 {
+        p.b.post_recv_one(RecvWr::new(10 + u64::from(round)).sge(rx))?;
+        ensure!(p.b.outstanding_recvs() == 1, "{}", p.b.outstanding_recvs());
+        tx.as_mut_slice()[0] = round;
+        p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(tx, 1)])?;
+        let (mut got_rx, mut got_tx) = (None, None);
+        for wc in poll_n(&p.cq, 2)? {
+            ensure!(wc.is_success(), "{wc:?}");
+            if wc.qp_num() == p.b.qp_num() {
+                let done = p.b.reclaim_one(&wc).ok_or("the receive ended nothing")?;
+                ensure!(
+                    done.wr_id == 10 + u64::from(round) && done.kind == RequestKind::Recv,
+                    "{done:?}"
+                );
+                ensure!(p.b.reclaim_one(&wc).is_none(), "reclaimed twice");
+                got_rx = done.into_chunk();
+            } else {
+                got_tx = p.a.reclaim_one(&wc).and_then(Completed::into_chunk);
+            }
+        }
+        rx = got_rx.ok_or("no receive chunk back")?;
+        tx = got_tx.ok_or("no send chunk back")?;
+        ensure!(rx.as_slice()[0] == round, "received {}", rx.as_slice()[0]);
+    }
+    // Refused, the chunk back, nothing recorded.
+    let refused = |qp: &mut rdma_verbs::QueuePair,
+                   c: rdma_verbs::Chunk,
+                   why: &str|
+     -> Result<rdma_verbs::Chunk, Failed> {
+        let before = qp.outstanding_recvs();
+        let mut e = qp.post_recv_one(RecvWr::new(99).sge(c)).expect_err(why);
+        ensure!(e.posted == 0 && e.returned.len() == 1, "{why}: {e}");
+        ensure!(
+            qp.outstanding_recvs() == before,
+            "{why}: a receive was recorded"
+        );
+        Ok(e.returned.pop().ok_or("no chunk")?)
+    };
+    let other = env.ctx.alloc_pd()?;
+    let theirs = other
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .ok_or("no chunk")?;
+    refused(&mut p.b, theirs, "a chunk of another PD")?;
+    let read_only =
+        p.pd.alloc_chunks(1, 64, AccessFlags::REMOTE_READ)?
+            .pop()
+            .ok_or("no chunk")?;
+    refused(&mut p.b, read_only, "a chunk without LOCAL_WRITE")?;
+    // A receive without a buffer is allowed (RDMA WRITE with immediate).
+    p.b.post_recv_one(RecvWr::new(5))?;
+    let room = p.b.caps().max_recv_wr as usize;
+    let mut fill = p.pd.alloc_chunks(room, 64, AccessFlags::LOCAL_WRITE)?;
+    while p.b.outstanding_recvs() < room {
+        p.b.post_recv_one(RecvWr::new(6).sge(fill.pop().ok_or("no chunk")?))?;
+    }
+    rx = refused(&mut p.b, rx, "a full receive queue")?;
+    ensure!(p.b.reset()?.len() == room, "RESET handed back the receives");
+    refused(&mut p.b, rx, "RESET")?;
+    // UD on a port that needs a GRH: 16 bytes are refused, 64 taken.
+    let mut u = pair(env, QpType::Ud, caps(), AccessFlags::empty())?;
+    let small =
+        u.pd.alloc_chunks(1, 16, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    if env.ctx.query_port(env.port)?.is_roce() {
+        refused(&mut u.b, small, "a 16-byte UD receive on RoCE")?;
+    }
+    let big =
+        u.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    u.b.post_recv_one(RecvWr::new(7).sge(big))?;
+    ensure!(u.b.outstanding_recvs() == 1, "{}", u.b.outstanding_recvs());
     Ok(())
 }
 

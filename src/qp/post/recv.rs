@@ -1,0 +1,203 @@
+//! Posting receives to a QP's receive queue: a chain ([`QueuePair::post_recv`])
+//! or one request ([`QueuePair::post_recv_one`]), and the receive post loop
+//! QPs and SRQs share ([`post_recv_chain`]).
+
+use std::ffi::c_int;
+
+use super::super::chain::{post_chain, refuse_all, Chain, Scratch};
+use super::super::check::RecvFacts;
+use super::super::completed::PostError;
+use super::super::entries::Loan;
+use super::super::ledger::Ledger;
+use super::super::request::RecvWr;
+use super::super::{QpState, QueuePair};
+use super::fail;
+use crate::error::Error;
+use crate::sys;
+
+impl QueuePair {
+    /// Posts a chain of receive requests with one `ibv_post_recv` call.
+    ///
+    /// Refused before the call, with every chunk handed back: a QP whose
+    /// known state is RESET or ERR (in ERR the verbs would flush the
+    /// receive, but rxe on Linux 6.1 never completes it), a QP that
+    /// receives through an SRQ, more entries than `max_recv_sge` or
+    /// [`MAX_SGE`](super::MAX_SGE), chunks of another PD, chunks of a region registered
+    /// without `LOCAL_WRITE` (the device writes receives: it would fail
+    /// the receive and move the QP to ERR), on a UD QP bound to a port that
+    /// needs a GRH (RoCE, or `IBV_QPF_GRH_REQUIRED`) a receive of fewer
+    /// than 40 bytes in all (the device writes the 40-byte GRH first, and
+    /// on such a port every datagram carries one), and no room in the
+    /// receive queue. On an InfiniBand port without that flag the 40 bytes
+    /// are not checked: a datagram may come without a GRH (its payload still
+    /// starts at byte 40, ibv_post_recv(3)). A receive without a buffer
+    /// ([`RecvWr::new`](super::RecvWr::new) alone) is allowed: it takes an RDMA WRITE with
+    /// immediate (or a zero-length send).
+    /// An empty iterator posts nothing and calls nothing.
+    #[doc(alias = "ibv_post_recv")]
+    #[inline]
+    pub fn post_recv<I>(&mut self, wrs: I) -> Result<(), PostError>
+    where
+        I: IntoIterator<Item = RecvWr>,
+    {
+        const VERB: &str = "ibv_post_recv";
+        let state = self.state();
+        if matches!(state, QpState::Reset | QpState::Err) || self.uses_srq() {
+            let error = if self.uses_srq() {
+                Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ")
+            } else {
+                Error::QpState {
+                    verb: VERB,
+                    state,
+                    needs: "receives need INIT, RTR, RTS, SQD or SQE",
+                }
+            };
+            return refuse_all(Some(error), wrs.into_iter(), |w, out| w.data.give_back(out));
+        }
+        let floor = self.recv_floor();
+        let qp = self.as_ptr();
+        let p = self.pending_mut();
+        p.recv_facts.floor = floor;
+        let facts = p.recv_facts;
+        post_recv_chain(
+            VERB,
+            &mut p.recv,
+            &mut p.rq,
+            &facts,
+            wrs.into_iter(),
+            |n, room, held| {
+                Error::invalid(
+                    VERB,
+                    format!("{n} request(s) but the receive queue has room for {room} ({held} outstanding)"),
+                )
+            },
+            |chain, bad| {
+                // SAFETY: live QP; a NULL-terminated chain into the scratch
+                // vectors, naming chunks the ledger holds.
+                unsafe { sys::ibv_post_recv(qp, chain, bad) }
+            },
+        )
+    }
+
+    /// Posts one receive: [`post_recv`](Self::post_recv) with a single
+    /// request, as a loop that reposts each completed receive at once
+    /// posts, without an iterator or a chain. The raw request is built on
+    /// the stack, as a C program builds it. Refused, with the chunks
+    /// handed back and nothing recorded, as `post_recv` refuses; a
+    /// provider failure keeps the request in the ledger (in doubt, see
+    /// [`PostError`]).
+    ///
+    /// ```no_run
+    /// # fn f(qp: &mut rdma_verbs::QueuePair, cq: &rdma_verbs::CompletionQueue) -> Result<(), Box<dyn std::error::Error>> {
+    /// use rdma_verbs::qp::RecvWr;
+    /// let mut wcs = [rdma_verbs::WorkCompletion::default(); 16];
+    /// for wc in cq.poll(&mut wcs)?.iter() {
+    ///     if let Some(chunk) = qp.reclaim_one(wc).and_then(|done| done.into_chunk()) {
+    ///         qp.post_recv_one(RecvWr::new(7).sge(chunk))?;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ibv_post_recv")]
+    #[inline]
+    pub fn post_recv_one(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        const VERB: &str = "ibv_post_recv";
+        let state = self.state();
+        if matches!(state, QpState::Reset | QpState::Err) || self.uses_srq() {
+            return self.post_recv_refused(wr);
+        }
+        let floor = self.recv_floor();
+        let qp = self.as_ptr();
+        let p = self.pending_mut();
+        p.recv_facts.floor = floor;
+        // One writable chunk of this PD that holds the floor (or none where
+        // there is no floor), and room: the common case. Anything else
+        // takes `post_recv`'s path, which refuses it with the reason.
+        if !p.recv_facts.fast(&wr) || p.recv.room() == 0 {
+            return self.post_recv_refused(wr);
+        }
+        let mut sge = sys::ibv_sge::default();
+        let num_sge = wr.data.fill(std::slice::from_mut(&mut sge)) as c_int;
+        let tag = match p.recv.insert(wr.wr_id, wr.data.into_loan()) {
+            Ok(tag) => tag,
+            Err(loan) => return Err(tags_exhausted(VERB, loan)),
+        };
+        let mut raw = sys::ibv_recv_wr {
+            wr_id: tag,
+            num_sge,
+            ..Default::default()
+        };
+        if num_sge > 0 {
+            raw.sg_list = &mut sge;
+        }
+        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: a live QP; `raw` is one request (`next` NULL) whose entry,
+        // if any, lives on this stack frame for the call and names the
+        // chunk the ledger now holds (checked: of this PD, writable by the
+        // device) until the device is done with it, whatever the provider
+        // returns.
+        let rc = unsafe { sys::ibv_post_recv(qp, &mut raw, &mut bad) };
+        if rc != 0 {
+            return Err(super::super::chain::provider_failed(VERB, rc, 1));
+        }
+        Ok(())
+    }
+
+    /// [`post_recv_one`](Self::post_recv_one)'s request that the common
+    /// case does not take: `post_recv` checks it and refuses it with the
+    /// reason (or, where only the fast check was too strict, posts it).
+    #[cold]
+    #[inline(never)]
+    fn post_recv_refused(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        self.post_recv(std::iter::once(wr))
+    }
+}
+
+/// A request the ledger has no stamp left for: refused, its chunks back.
+#[cold]
+#[inline(never)]
+fn tags_exhausted(verb: &'static str, loan: Loan) -> PostError {
+    let mut back = Vec::new();
+    loan.give_back(&mut back);
+    fail(Error::TagsExhausted { verb }, 0, back)
+}
+
+/// Fills a receive's raw form in place.
+#[inline(always)]
+fn fill_recv(wr: &RecvWr, raw: &mut sys::ibv_recv_wr, sges: &mut [sys::ibv_sge]) {
+    raw.num_sge = wr.data.fill(sges) as c_int;
+}
+
+/// Posts the receives of `reqs` to a QP's receive queue or an SRQ through
+/// `call`, after the checks every receive gets.
+#[inline]
+pub(crate) fn post_recv_chain(
+    verb: &'static str,
+    ledger: &mut Ledger<Loan>,
+    scratch: &mut Scratch<sys::ibv_recv_wr>,
+    facts: &RecvFacts,
+    reqs: impl Iterator<Item = RecvWr>,
+    no_room: impl FnOnce(usize, usize, usize) -> Error,
+    call: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> c_int,
+) -> Result<(), PostError> {
+    // Receives never lend beside their entries: no side table.
+    let mut no_side = Vec::new();
+    let chain = Chain {
+        ledger,
+        side: &mut no_side,
+        scratch,
+        n: 0,
+    };
+    post_chain(
+        verb,
+        chain,
+        reqs,
+        |wr| facts.fast(wr),
+        |wr| facts.check(verb, wr),
+        fill_recv,
+        |ledger, _, wr: RecvWr| ledger.insert(wr.wr_id, wr.data.into_loan()),
+        |wr, out| wr.data.give_back(out),
+        no_room,
+        call,
+    )
+}
