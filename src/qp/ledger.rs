@@ -512,6 +512,19 @@ impl<T: Payload> Ledger<T> {
         })
     }
 
+    /// On a receive queue or an SRQ (free list): takes the request `tag`
+    /// names if it is outstanding here, as [`complete`](Self::complete)
+    /// would hand it to its callback. `None` on a send queue, whose
+    /// completions end earlier requests too (use `complete` there).
+    #[inline(always)]
+    pub(crate) fn take_tag(&mut self, tag: u64) -> Option<Released<T>> {
+        let stamp = self.own_stamp(tag)?;
+        match self.order {
+            Order::Free { .. } => self.take((stamp & self.mask) as usize, true),
+            Order::Ring { .. } => None,
+        }
+    }
+
     /// [`complete`](Self::complete) for a caller that needs only the
     /// payloads that are not [inert](Payload::inert) (and how many
     /// requests ended): when none is outstanding, a send completion just

@@ -161,15 +161,32 @@ impl QueuePair {
             }),
             None => 0,
         };
-        if n > 0 && kind != Some(Kind::Send) {
-            if let Some(rkey) = self.invalidated_rkey(wc) {
-                crate::mw::invalidated_by_peer(self.pd().context(), rkey);
+        if n > 0 {
+            if kind != Some(Kind::Send) {
+                self.recv_ended(wc, kind, ok);
+            } else if !ok && self.state() != QpState::Err {
+                self.device_failed(kind);
             }
         }
-        if n > 0 && !ok && self.state() != QpState::Err {
+        n
+    }
+
+    /// After a receive completion `wc` (of `kind`, `ok`: succeeded) ended
+    /// a request: a peer's SEND_WITH_INV invalidated a window, a failure
+    /// moved the QP.
+    #[inline(always)]
+    pub(super) fn recv_ended<C: Completion + ?Sized>(
+        &mut self,
+        wc: &C,
+        kind: Option<Kind>,
+        ok: bool,
+    ) {
+        if let Some(rkey) = self.invalidated_rkey(wc) {
+            crate::mw::invalidated_by_peer(self.pd().context(), rkey);
+        }
+        if !ok && self.state() != QpState::Err {
             self.device_failed(kind);
         }
-        n
     }
 
     /// A failed or flushed completion of one of this QP's requests was

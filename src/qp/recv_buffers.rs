@@ -346,20 +346,56 @@ impl RecvBuffers {
     /// lost.
     #[inline]
     pub fn take<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
+        let tag = wc.wr_id();
+        // The common case straight on: a receive of the QP's own queue.
+        if Kind::of(tag) != Some(Kind::Recv) || wc.qp_num() != qp.qp_num() {
+            return self.take_routed(qp, wc);
+        }
+        let Some(r) = qp.pending_mut().recv_mut().take_tag(tag) else {
+            return Taken::Nothing;
+        };
+        let ok = wc.is_success();
+        qp.recv_ended(wc, Some(Kind::Recv), ok);
+        self.mine_or_other(r.wr_id, r.own, Kind::Recv, r.payload, wc, ok)
+    }
+
+    /// [`take`](Self::take) of any other completion (an SRQ's receive, a
+    /// send, another QP's): routed as [`QueuePair::reclaim_one`] routes it.
+    #[inline(never)]
+    fn take_routed<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         if !matches!(Kind::of(wc.wr_id()), Some(Kind::Recv | Kind::Srq)) {
-            return take_other(qp, wc);
+            return match qp.reclaim_one(wc) {
+                Some(c) => Taken::Other(c),
+                None => Taken::Nothing,
+            };
         }
         // A receive completion ends at most one request.
         let mut ended = None;
         qp.route::<WorkCompletion, false>(wc, |wr_id, signaled, kind, loan| {
             ended = Some((wr_id, signaled, kind, loan));
         });
-        let Some((wr_id, signaled, kind, loan)) = ended else {
-            return Taken::Nothing;
-        };
+        match ended {
+            Some((wr_id, signaled, kind, loan)) => {
+                self.mine_or_other(wr_id, signaled, kind, loan, wc, wc.is_success())
+            }
+            None => Taken::Nothing,
+        }
+    }
+
+    /// The request a receive completion ended: the pool's buffer (lent as
+    /// [`Received`]) or another request.
+    #[inline(always)]
+    fn mine_or_other<'a>(
+        &'a mut self,
+        wr_id: u64,
+        signaled: bool,
+        kind: Kind,
+        loan: Loan,
+        wc: &WorkCompletion,
+        ok: bool,
+    ) -> Taken<'a> {
         match self.keep(wr_id, loan) {
             Ok(index) => {
-                let ok = wc.is_success();
                 let len = if ok {
                     (wc.byte_len() as usize).min(self.size)
                 } else {
@@ -425,17 +461,6 @@ impl RecvBuffers {
             }
             other => Err(other),
         }
-    }
-}
-
-/// A completion of another queue kind than a receive's, for
-/// [`RecvBuffers::take`]: handed back as [`QueuePair::reclaim_one`] does.
-#[cold]
-#[inline(never)]
-fn take_other<'a>(qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
-    match qp.reclaim_one(wc) {
-        Some(c) => Taken::Other(c),
-        None => Taken::Nothing,
     }
 }
 
