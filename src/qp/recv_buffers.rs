@@ -3,12 +3,25 @@
 //! QP (or an SRQ); a completion yields [`Received`], a borrow of the bytes
 //! that came, and the buffer goes back to be posted when the borrow ends.
 //!
-//! It is built on the chunk-moving receives ([`RecvWr`]) and adds no
-//! `unsafe`: each buffer is a [`Chunk`] of one region registered with
-//! `LOCAL_WRITE` only (no peer may write it, so its bytes may be read as a
-//! slice whenever it is not posted), and a buffer is posted again only
-//! through `&mut RecvBuffers`, which a live [`Received`] borrows: the bytes
-//! cannot change under the borrow.
+//! # Why it is sound
+//!
+//! Each buffer is a [`Chunk`] of one region registered with `LOCAL_WRITE`
+//! only (no peer may write it), which the pool alone holds the chunks of.
+//! A posted buffer's chunk is *in the QP's receive ledger*, exactly as a
+//! chunk-moving receive ([`RecvWr`]) lends it: the ledger keeps it (and so
+//! the region) until the device is done with it (its completion, a RESET,
+//! the QP's destruction), also when the pool is dropped meanwhile or the
+//! provider fails the post. The pool reads a buffer's bytes only while it
+//! holds the chunk again, and takes it back only from a ledger record
+//! whose `wr_id` names the buffer and whose one chunk is that very buffer
+//! (its region, offset and length), so a receive the caller posted with a
+//! `wr_id` of the pool's is not taken for the pool's. A buffer is posted
+//! again only through `&mut RecvBuffers`, which a live [`Received`]
+//! borrows: the bytes cannot change under the borrow.
+//!
+//! The one `unsafe` of the direct post is the provider call and the raw
+//! requests it reads ([`RecvBuffers::post`]): one per buffer, kept by the
+//! pool, linked for the call from the pool's own arrays.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

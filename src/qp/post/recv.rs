@@ -22,7 +22,7 @@ impl QueuePair {
     /// known state is RESET or ERR (in ERR the verbs would flush the
     /// receive, but rxe on Linux 6.1 never completes it), a QP that
     /// receives through an SRQ, more entries than `max_recv_sge` or
-    /// [`MAX_SGE`](super::MAX_SGE), chunks of another PD, chunks of a region registered
+    /// [`MAX_SGE`](crate::qp::MAX_SGE), chunks of another PD, chunks of a region registered
     /// without `LOCAL_WRITE` (the device writes receives: it would fail
     /// the receive and move the QP to ERR), on a UD QP bound to a port that
     /// needs a GRH (RoCE, or `IBV_QPF_GRH_REQUIRED`) a receive of fewer
@@ -31,7 +31,7 @@ impl QueuePair {
     /// receive queue. On an InfiniBand port without that flag the 40 bytes
     /// are not checked: a datagram may come without a GRH (its payload still
     /// starts at byte 40, ibv_post_recv(3)). A receive without a buffer
-    /// ([`RecvWr::new`](super::RecvWr::new) alone) is allowed: it takes an RDMA WRITE with
+    /// ([`RecvWr::new`](crate::qp::RecvWr::new) alone) is allowed: it takes an RDMA WRITE with
     /// immediate (or a zero-length send).
     /// An empty iterator posts nothing and calls nothing.
     #[doc(alias = "ibv_post_recv")]
