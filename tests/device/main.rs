@@ -19,6 +19,7 @@ mod mw;
 mod objects;
 mod port_cache;
 mod qp;
+mod recv_model;
 mod remote;
 
 fn main() -> std::process::ExitCode {
@@ -32,6 +33,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(by_value::TESTS);
+    tests.extend_from_slice(recv_model::TESTS);
     tests.extend_from_slice(ex::TESTS);
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);
