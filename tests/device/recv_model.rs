@@ -54,7 +54,7 @@ fn recv_buffers_model(env: &Env) -> Result<(), Failed> {
         free: BUFS,
         ..Model::default()
     };
-    let mut rng = Rng(0x5eed_0f_b0f5);
+    let mut rng = Rng(0x005e_ed0f_b0f5);
     let (mut posts, mut posted_bufs, mut sends, mut drains, mut taken) = (0, 0, 0, 0, 0);
     for step in 0..STEPS {
         match rng.below(3) {
