@@ -68,8 +68,20 @@ impl Pin {
 impl Pending {
     /// The index of the QP's pin of the template whose keeper is
     /// `keeper`, made if there is none.
-    #[inline]
+    #[inline(always)]
     pub(super) fn pin(&mut self, keeper: &Arc<Keeper>) -> usize {
+        // The common case, the QP's one template, straight on.
+        if let Some(p) = self.pins.first() {
+            if Arc::ptr_eq(&p.keeper, keeper) {
+                return 0;
+            }
+        }
+        self.pin_other(keeper)
+    }
+
+    /// [`pin`](Self::pin) for a template that is not the first pinned.
+    #[inline(never)]
+    fn pin_other(&mut self, keeper: &Arc<Keeper>) -> usize {
         match self
             .pins
             .iter()
@@ -116,19 +128,26 @@ impl Pending {
     /// inactive (a template dropped from now on keeps nothing here), and
     /// those whose templates are all gone go (with the handle a template
     /// left), as a request's own handle would.
-    #[inline]
+    #[inline(always)]
     pub(super) fn settle_pins(&mut self) {
         let send = &self.send;
         // An empty send queue (the common case of a round of requests
         // ended) holds none of any pin's.
         let idle = send.len() == 0;
-        // The common case, one template, straight on (no loop).
+        // The common case, one template, straight on (no loop, no call).
         if let [p] = &mut self.pins[..] {
             if p.settle(send, idle) {
                 self.drop_orphan_pins();
             }
             return;
         }
+        self.settle_many_pins(idle);
+    }
+
+    /// [`settle_pins`](Self::settle_pins) for two templates or more.
+    #[inline(never)]
+    fn settle_many_pins(&mut self, idle: bool) {
+        let send = &self.send;
         let mut orphans = false;
         for p in self.pins.iter_mut() {
             orphans |= p.settle(send, idle);
