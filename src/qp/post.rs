@@ -115,6 +115,7 @@ use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
 pub(crate) use recv::post_recv_chain;
+pub(super) use recv::recv_queue_full;
 
 /// Outstanding requests of one QP, requests handed back by a RESET, the
 /// raw requests posts are filled into, and the facts the checks need.

@@ -29,7 +29,7 @@ use super::completed::{Completed, PostError};
 use super::entries::{Lent, Loan};
 use super::ledger::Kind;
 use super::request::RecvWr;
-use super::{QpState, QueuePair};
+use super::QueuePair;
 use crate::cq::WorkCompletion;
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, Chunk};
@@ -484,24 +484,18 @@ impl QueuePair {
     /// all of them).
     #[inline(always)]
     fn pool_refusal(&mut self, pd: usize, size: usize, n: usize) -> Option<Error> {
-        let state = self.state();
-        let srq = self.uses_srq();
+        const VERB: &str = "ibv_post_recv";
+        if let Some(e) = self.recv_refusal(VERB) {
+            return Some(e);
+        }
         let floor = self.recv_floor();
         let (ledger, facts) = self.pending_mut().recv_and_facts();
         facts.floor = floor;
-        let room = ledger.room();
-        if matches!(state, QpState::Reset | QpState::Err)
-            || srq
-            || facts.pd as usize != pd
-            || facts.max_sge == 0
-            || size < floor as usize
-            || room < n
-        {
+        let (other_pd, room) = (facts.pd as usize != pd, ledger.room());
+        if other_pd || facts.max_sge == 0 || size < floor as usize || room < n {
             let held = ledger.len();
             return Some(pool_refused(
-                state,
-                srq,
-                facts.pd as usize != pd,
+                other_pd,
                 facts.max_sge,
                 floor,
                 size,
@@ -514,13 +508,11 @@ impl QueuePair {
     }
 }
 
-/// The error of a refused pool post (see `QueuePair::pool_refusal`).
+/// The error of a refused pool post (see `QueuePair::pool_refusal`), past
+/// the QP's state.
 #[cold]
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
 fn pool_refused(
-    state: QpState,
-    srq: bool,
     other_pd: bool,
     max_sge: u32,
     floor: u32,
@@ -530,15 +522,7 @@ fn pool_refused(
     held: usize,
 ) -> Error {
     const VERB: &str = "ibv_post_recv";
-    if matches!(state, QpState::Reset | QpState::Err) {
-        Error::QpState {
-            verb: VERB,
-            state,
-            needs: "receives need INIT, RTR, RTS, SQD or SQE",
-        }
-    } else if srq {
-        Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ")
-    } else if other_pd {
+    if other_pd {
         Error::invalid(
             VERB,
             "the receive buffers are of another protection domain than the QP",
@@ -557,12 +541,7 @@ fn pool_refused(
             ),
         )
     } else {
-        Error::invalid(
-            VERB,
-            format!(
-                "{n} request(s) but the receive queue has room for {room} ({held} outstanding)"
-            ),
-        )
+        super::post::recv_queue_full(VERB, n, room, held)
     }
 }
 

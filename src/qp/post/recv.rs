@@ -41,17 +41,7 @@ impl QueuePair {
         I: IntoIterator<Item = RecvWr>,
     {
         const VERB: &str = "ibv_post_recv";
-        let state = self.state();
-        if matches!(state, QpState::Reset | QpState::Err) || self.uses_srq() {
-            let error = if self.uses_srq() {
-                Error::invalid(VERB, "the QP receives through its SRQ: post to the SRQ")
-            } else {
-                Error::QpState {
-                    verb: VERB,
-                    state,
-                    needs: "receives need INIT, RTR, RTS, SQD or SQE",
-                }
-            };
+        if let Some(error) = self.recv_refusal(VERB) {
             return refuse_all(Some(error), wrs.into_iter(), |w, out| w.data.give_back(out));
         }
         let floor = self.recv_floor();
@@ -65,12 +55,7 @@ impl QueuePair {
             &mut p.rq,
             &facts,
             wrs.into_iter(),
-            |n, room, held| {
-                Error::invalid(
-                    VERB,
-                    format!("{n} request(s) but the receive queue has room for {room} ({held} outstanding)"),
-                )
-            },
+            |n, room, held| recv_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // SAFETY: live QP; a NULL-terminated chain into the scratch
                 // vectors, naming chunks the ledger holds.
@@ -102,8 +87,7 @@ impl QueuePair {
     #[inline]
     pub fn post_recv_one(&mut self, wr: RecvWr) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_recv";
-        let state = self.state();
-        if matches!(state, QpState::Reset | QpState::Err) || self.uses_srq() {
+        if self.takes_no_recvs() {
             return self.post_recv_refused(wr);
         }
         let floor = self.recv_floor();
@@ -143,6 +127,35 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Whether the QP takes no receive now: its known state is RESET or
+    /// ERR (in ERR the verbs would flush a receive, but rxe on Linux 6.1
+    /// never completes it), or it receives through an SRQ.
+    #[inline(always)]
+    fn takes_no_recvs(&self) -> bool {
+        matches!(self.state(), QpState::Reset | QpState::Err) || self.uses_srq()
+    }
+
+    /// Why the QP takes no receive now (see `takes_no_recvs`), if it
+    /// does not: the first check of every receive post.
+    #[inline(always)]
+    pub(in crate::qp) fn recv_refusal(&self, verb: &'static str) -> Option<Error> {
+        self.takes_no_recvs().then(|| self.recv_refused(verb))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn recv_refused(&self, verb: &'static str) -> Error {
+        if self.uses_srq() {
+            Error::invalid(verb, "the QP receives through its SRQ: post to the SRQ")
+        } else {
+            Error::QpState {
+                verb,
+                state: self.state(),
+                needs: "receives need INIT, RTR, RTS, SQD or SQE",
+            }
+        }
+    }
+
     /// [`post_recv_one`](Self::post_recv_one)'s request that the common
     /// case does not take: `post_recv` checks it and refuses it with the
     /// reason (or, where only the fast check was too strict, posts it).
@@ -151,6 +164,21 @@ impl QueuePair {
     fn post_recv_refused(&mut self, wr: RecvWr) -> Result<(), PostError> {
         self.post_recv(std::iter::once(wr))
     }
+}
+
+/// The refusal of `n` receive requests when the QP's receive queue has
+/// room for `room` with `held` outstanding.
+#[cold]
+pub(in crate::qp) fn recv_queue_full(
+    verb: &'static str,
+    n: usize,
+    room: usize,
+    held: usize,
+) -> Error {
+    Error::invalid(
+        verb,
+        format!("{n} request(s) but the receive queue has room for {room} ({held} outstanding)"),
+    )
 }
 
 /// A request the ledger has no stamp left for: refused, its chunks back.
