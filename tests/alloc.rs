@@ -97,6 +97,29 @@ fn main() -> std::process::ExitCode {
     common::run("alloc", TESTS)
 }
 
+/// The heap allocations of `ones` calls of `round(1)` and of `fours`
+/// calls of `round(4)`, each after 20 warm-up rounds of both.
+fn allocations_in_rounds(
+    mut round: impl FnMut(u64) -> Result<(), Failed>,
+    ones: usize,
+    fours: usize,
+) -> Result<(u64, u64), Failed> {
+    for _ in 0..20 {
+        round(1)?;
+        round(4)?;
+    }
+    let before = allocations();
+    for _ in 0..ones {
+        round(1)?;
+    }
+    let one = allocations() - before;
+    let before = allocations();
+    for _ in 0..fours {
+        round(4)?;
+    }
+    Ok((one, allocations() - before))
+}
+
 /// A PD, a CQ of 64 and two RC QPs (16/16) on it, connected to each
 /// other with `access` for the peer.
 fn connected_pair(
@@ -519,7 +542,7 @@ fn steady_state_templates(env: &Env) -> Result<(), Failed> {
     let mut wcs = [WorkCompletion::default(); 8];
     let mut back: Vec<Chunk> = Vec::with_capacity(16);
     let deadline = common::deadline();
-    let mut round = |n: u64| -> Result<(), Failed> {
+    let round = |n: u64| -> Result<(), Failed> {
         if n == 1 {
             a.post_template_one(&t, 1, true)?;
         } else {
@@ -541,20 +564,7 @@ fn steady_state_templates(env: &Env) -> Result<(), Failed> {
             }
         }
     };
-    for _ in 0..20 {
-        round(1)?;
-        round(4)?;
-    }
-    let before = allocations();
-    for _ in 0..1000 {
-        round(1)?;
-    }
-    let one = allocations() - before;
-    let before = allocations();
-    for _ in 0..1000 {
-        round(4)?;
-    }
-    let four = allocations() - before;
+    let (one, four) = allocations_in_rounds(round, 1000, 1000)?;
     eprintln!("alloc: {one} heap allocations in 1000 post_template_one rounds, {four} in 1000 post_template calls of 4 (poll, reclaim_chunks)");
     ensure!(one == 0, "{one} allocations in post_template_one rounds");
     ensure!(four == 0, "{four} allocations in post_template rounds");
@@ -572,7 +582,8 @@ fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
     let mut srcs = pd.alloc_chunks(4, 64, AccessFlags::LOCAL_WRITE)?;
     let mut wcs = [WorkCompletion::default(); 16];
     let deadline = common::deadline();
-    let mut round = |n: usize| -> Result<(), Failed> {
+    let round = |n: u64| -> Result<(), Failed> {
+        let n = n as usize;
         if bufs.post(&mut b)? == 0 && bufs.posted() < n {
             return Err("no buffer to post".into());
         }
@@ -602,20 +613,7 @@ fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
         }
         Ok(())
     };
-    for _ in 0..20 {
-        round(1)?;
-        round(4)?;
-    }
-    let before = allocations();
-    for _ in 0..1000 {
-        round(1)?;
-    }
-    let one = allocations() - before;
-    let before = allocations();
-    for _ in 0..500 {
-        round(4)?;
-    }
-    let four = allocations() - before;
+    let (one, four) = allocations_in_rounds(round, 1000, 500)?;
     eprintln!("alloc: {one} heap allocations in 1000 rounds of one pool receive, {four} in 500 rounds of four (post, poll, take)");
     ensure!(one == 0, "{one} allocations in rounds of one");
     ensure!(four == 0, "{four} allocations in rounds of four");
