@@ -87,10 +87,8 @@
 //! allocator checks it, and a run that did allocate says so on stderr
 //! (`perf: note: size S: N heap allocations in the timed part`). Measured
 //! on rxe: 0 on the raw path, the safe path and the `--ex` path, with and
-//! without `-e`: the crate makes its scratch room for chains of up to eight
-//! requests when a QP is created, and a batch's room with the QP too.
-//! (Before that, the safe path's first `post_send` and `post_recv` of each
-//! QP grew the scratch: 1 or 2 allocations per run.)
+//! without `-e`: the crate builds the raw requests of chains of up to eight
+//! on the stack, and makes a batch's room with the QP.
 //!
 //! Every wait has a deadline scaled by `RDMA_VERBS_TIME_SCALE`.
 //!

@@ -119,8 +119,9 @@ impl SharedReceiveQueue {
         let raw = check_ptr(VERB, unsafe { sys::ibv_create_srq(pd.as_ptr(), &mut attr) })?;
         let slots = attr.attr.max_wr.clamp(max_wr, MAX_WR) as usize;
         let max_sge = attr.attr.max_sge.max(max_sge);
-        // Room for chains of up to CHAIN_ROOM receives: no post of one
-        // allocates, the first included.
+        // The staging vector has room for chains of up to CHAIN_ROOM
+        // receives (built on the stack): no post of one allocates, the
+        // first included.
         let wrs = crate::qp::post_internal::chain_room(slots as u32);
         let keep = SrqKeep {
             _tally: Tally::new(pd.users(), UserKind::SharedReceiveQueue, 1),
@@ -129,7 +130,7 @@ impl SharedReceiveQueue {
             max_sge,
             pending: Mutex::new(SrqPending {
                 ledger: Ledger::new(Kind::Srq, slots),
-                scratch: Scratch::new(wrs),
+                scratch: Scratch::new(),
             }),
             staging: Mutex::new(Vec::with_capacity(wrs)),
             outstanding: AtomicUsize::new(0),
@@ -228,7 +229,7 @@ impl SharedReceiveQueue {
                 },
                 |chain, bad| {
                     // SAFETY: the SRQ is live; a NULL-terminated chain into the
-                    // scratch vectors (under the mutex), naming chunks the ledger holds.
+                    // call's stack (and the scratch, under the mutex), naming chunks the ledger holds.
                     unsafe { sys::ibv_post_srq_recv(srq, chain, bad) }
                 },
             );

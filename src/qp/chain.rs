@@ -1,9 +1,11 @@
 //! Building a chain of requests and handing it to the provider: the raw
-//! requests a queue fills in place ([`Scratch`]), the guard that takes a
+//! requests a call fills in place (on its stack, [`Stack`], past
+//! [`CHAIN_ROOM`] in its queue's [`Scratch`]), the guard that takes a
 //! call's requests back out if it does not go through ([`Chain`]), and the
 //! one post loop every safe post goes through ([`post_chain`]).
 
 use std::ffi::c_int;
+use std::mem::MaybeUninit;
 
 use super::completed::PostError;
 use super::entries::{Loan, SendLoan};
@@ -14,18 +16,36 @@ use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
 
-/// Raw requests a queue fills in place for each post call, each beside
-/// its room for [`MAX_SGE`] entries (one allocation for both): allocated
-/// with the queue, grown (once) by a longer chain.
-pub(crate) struct Scratch<R> {
-    raws: Vec<Raw<R>>,
-}
+/// The longest chain whose raw requests are built on the caller's stack:
+/// posts of up to this many requests never allocate, the first included,
+/// and a queue allocates nothing for them at creation. A longer chain
+/// builds the rest in its queue's [`Scratch`], grown once.
+pub(crate) const CHAIN_ROOM: usize = 8;
 
 /// One raw request and its entries.
 #[derive(Default)]
-struct Raw<R> {
+pub(crate) struct Raw<R> {
     wr: R,
     sges: [sys::ibv_sge; MAX_SGE],
+}
+
+/// The raw requests of one post call, as a C program declares them: an
+/// array on the stack, uninitialised until a request is filled into it.
+pub(crate) struct Stack<R>([MaybeUninit<Raw<R>>; CHAIN_ROOM]);
+
+impl<R> Stack<R> {
+    #[inline(always)]
+    pub(crate) fn new() -> Self {
+        Stack([const { MaybeUninit::uninit() }; CHAIN_ROOM])
+    }
+}
+
+/// The raw requests of a chain longer than [`CHAIN_ROOM`], past the
+/// first `CHAIN_ROOM` (one per queue): empty, with nothing allocated,
+/// until a queue's first such chain, then kept, so that steady state
+/// allocates nothing.
+pub(crate) struct Scratch<R> {
+    spill: Vec<Raw<R>>,
 }
 
 // SAFETY: the raw pointers inside are only meaningful during one post call
@@ -34,81 +54,127 @@ unsafe impl<R> Send for Scratch<R> {}
 // SAFETY: only reached through `&mut` of its queue.
 unsafe impl<R> Sync for Scratch<R> {}
 
-impl<R: ChainLink> Scratch<R> {
-    pub(crate) fn new(room: usize) -> Self {
-        let room = room.max(1);
-        let mut raws = Vec::with_capacity(room);
-        // The optimiser turns "allocate, then fill with zeros" into one
-        // `calloc`, which glibc serves without its per-thread cache: a QP
-        // created and destroyed over and over then pays malloc's slow
-        // paths both ways (measured: about 580 instructions per QP).
-        // Hiding the fresh vector from it keeps the plain allocation.
-        std::hint::black_box(&mut raws);
-        raws.resize_with(room, Raw::default);
-        Scratch { raws }
-    }
-
-    /// Room for one more request than `n` (a chain longer than the room).
-    #[cold]
-    #[inline(never)]
-    fn grow(&mut self) {
-        let n = self.raws.len() * 2;
-        self.raws.resize_with(n, Raw::default);
-    }
-
-    /// How many requests there is room for.
-    #[inline(always)]
-    fn room(&self) -> usize {
-        self.raws.len()
-    }
-
-    /// Request `i` and its entries.
-    #[inline(always)]
-    fn at(&mut self, i: usize) -> (&mut R, &mut [sys::ibv_sge]) {
-        let raw = &mut self.raws[i];
-        (&mut raw.wr, &mut raw.sges[..])
-    }
-
-    /// Links the first `n` requests into a NULL-terminated chain over
-    /// their entries and returns its head. Every pointer is derived from
-    /// the base pointer taken here, after which nothing touches the
-    /// vector until the post call that receives the chain returns.
-    #[inline(always)]
-    fn link(&mut self, n: usize) -> *mut R {
-        let base = self.raws.as_mut_ptr();
-        for i in 0..n {
-            // SAFETY: `i < n <= raws.len()`: an initialised element of
-            // `raws`, which `&mut self` borrows; no other reference to it
-            // exists, and the pointers made below are to its entries and to
-            // the next element's request (disjoint from this one's).
-            let (w, sges) = unsafe {
-                let e = base.add(i);
-                (
-                    &mut (*e).wr,
-                    std::ptr::addr_of_mut!((*e).sges).cast::<sys::ibv_sge>(),
-                )
-            };
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= raws.len()`: in bounds.
-                unsafe { std::ptr::addr_of_mut!((*base.add(i + 1)).wr) }
-            } else {
-                std::ptr::null_mut()
-            };
-            w.set_links(sges, next);
-        }
-        // SAFETY: `raws` is not empty (`new` makes room for one at
-        // least): its first element's request, from the same base pointer.
-        unsafe { std::ptr::addr_of_mut!((*base).wr) }
+impl<R> Scratch<R> {
+    /// No room: nothing is allocated until a chain needs it.
+    pub(crate) const fn new() -> Self {
+        Scratch { spill: Vec::new() }
     }
 
     /// Bytes allocated.
     pub(super) fn bytes(&self) -> usize {
-        self.raws.capacity() * std::mem::size_of::<Raw<R>>()
+        self.spill.capacity() * std::mem::size_of::<Raw<R>>()
+    }
+}
+
+/// Where one call's raw requests are filled, in order: the first
+/// [`CHAIN_ROOM`] in the call's [`Stack`], the rest in the queue's
+/// [`Scratch`]. Invariant: entries `0..filled` are initialised (the stack
+/// ones written by [`next`](Self::next), the spilled ones by the vector).
+pub(super) struct Room<'q, R> {
+    stack: &'q mut Stack<R>,
+    spill: &'q mut Scratch<R>,
+    filled: usize,
+}
+
+impl<'q, R: ChainLink> Room<'q, R> {
+    #[inline(always)]
+    pub(super) fn new(stack: &'q mut Stack<R>, spill: &'q mut Scratch<R>) -> Self {
+        Room {
+            stack,
+            spill,
+            filled: 0,
+        }
+    }
+
+    /// The next request, zeroed, and its entries.
+    #[inline(always)]
+    fn next(&mut self) -> (&mut R, &mut [sys::ibv_sge]) {
+        let i = self.filled;
+        self.filled = i + 1;
+        let raw = if i < CHAIN_ROOM {
+            self.stack.0[i].write(Raw::default())
+        } else {
+            self.spilled(i - CHAIN_ROOM)
+        };
+        (&mut raw.wr, &mut raw.sges[..])
+    }
+
+    /// Spilled request `j` (the `CHAIN_ROOM + j`th of the call), zeroed.
+    #[cold]
+    #[inline(never)]
+    fn spilled(&mut self, j: usize) -> &mut Raw<R> {
+        let spill = &mut self.spill.spill;
+        if j < spill.len() {
+            spill[j] = Raw::default();
+        } else {
+            spill.resize_with(j + 1, Raw::default);
+        }
+        &mut spill[j]
+    }
+
+    /// The request at `i` (a filled one); the requests taken back by an
+    /// undo read their tags here.
+    fn at(&self, i: usize) -> Option<&R> {
+        if i >= self.filled {
+            return None;
+        }
+        match self.stack.0.get(i) {
+            // SAFETY: `i < filled`: written by `next` (the invariant).
+            Some(e) => Some(unsafe { &e.assume_init_ref().wr }),
+            None => self.spill.spill.get(i - CHAIN_ROOM).map(|r| &r.wr),
+        }
+    }
+
+    /// Links the first `n` requests (at most those filled) into a
+    /// NULL-terminated chain over their entries and returns its head.
+    /// Every pointer is derived from the base pointers taken here, after
+    /// which nothing touches the stack or the spill until the post call
+    /// that receives the chain returns.
+    #[inline(always)]
+    fn link(&mut self, n: usize) -> *mut R {
+        let n = n.min(self.filled);
+        if n == 0 {
+            return std::ptr::null_mut();
+        }
+        let stack = self.stack.0.as_mut_ptr().cast::<Raw<R>>();
+        let spill = self.spill.spill.as_mut_ptr();
+        // Request `i`, for `i < n <= filled`: an initialised element of the
+        // stack (`i < CHAIN_ROOM`) or of the spill (which holds every
+        // spilled request filled), both borrowed `&mut` by `self`; no
+        // reference to them exists while the links are written, and each
+        // request's links point at its own entries and at the next request
+        // (disjoint from its own).
+        let at = |i: usize| {
+            if i < CHAIN_ROOM {
+                // SAFETY: `i < CHAIN_ROOM`: inside the stack array.
+                unsafe { stack.add(i) }
+            } else {
+                // SAFETY: `i < filled`: inside the spill (see above).
+                unsafe { spill.add(i - CHAIN_ROOM) }
+            }
+        };
+        for i in 0..n {
+            let e = at(i);
+            let next = if i + 1 < n {
+                // SAFETY: `i + 1 < n`: a filled request (see `at`).
+                unsafe { std::ptr::addr_of_mut!((*at(i + 1)).wr) }
+            } else {
+                std::ptr::null_mut()
+            };
+            // SAFETY: `i < n`: a filled request (see `at`), written
+            // through its pointer alone.
+            unsafe {
+                let sges = std::ptr::addr_of_mut!((*e).sges).cast::<sys::ibv_sge>();
+                (*e).wr.set_links(sges, next);
+            }
+        }
+        // SAFETY: `0 < n <= filled`: the first request (see `at`).
+        unsafe { std::ptr::addr_of_mut!((*at(0)).wr) }
     }
 
     #[inline]
     fn tag(&self, i: usize) -> u64 {
-        self.raws[i].wr.wr_id()
+        self.at(i).map_or(0, ChainLink::wr_id)
     }
 }
 
@@ -121,7 +187,7 @@ impl<R: ChainLink> Scratch<R> {
 pub(super) struct Chain<'q, R: ChainLink> {
     pub(super) ledger: &'q mut Ledger<Loan>,
     pub(super) side: &'q mut Vec<SendLoan>,
-    pub(super) scratch: &'q mut Scratch<R>,
+    pub(super) scratch: Room<'q, R>,
     pub(super) n: usize,
 }
 
@@ -201,10 +267,7 @@ pub(super) fn post_chain<W, R: ChainLink>(
                 no_room(total, room, held)
             }));
         }
-        if n == chain.scratch.room() {
-            chain.scratch.grow();
-        }
-        let (raw, sges) = chain.scratch.at(n);
+        let (raw, sges) = chain.scratch.next();
         fill(&wr, raw, sges);
         match lend(chain.ledger, chain.side, wr) {
             Ok(tag) => raw.set_wr_id(tag),

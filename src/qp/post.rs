@@ -100,7 +100,7 @@
 
 use std::ffi::c_int;
 
-use super::chain::{post_chain, refuse_all, Chain, Scratch};
+use super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack, CHAIN_ROOM};
 use super::check::{RecvFacts, SendFacts};
 use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
@@ -146,21 +146,16 @@ pub(crate) struct Pending {
     pub(super) pins: Vec<Pin>,
 }
 
-/// The longest chain the scratch space is made for when a queue is
-/// created: posts of up to this many requests never allocate, even the
-/// first (longer chains grow the room once).
-pub(crate) const CHAIN_ROOM: usize = 8;
-
-/// Scratch room for chains of up to [`CHAIN_ROOM`] requests on a queue of
-/// `max_wr` requests.
+/// How many requests of a queue of `max_wr` requests a chain of up to
+/// [`CHAIN_ROOM`] holds at most (the room a staging vector is made with).
 pub(crate) fn chain_room(max_wr: u32) -> usize {
     (max_wr as usize).clamp(1, CHAIN_ROOM)
 }
 
 impl Pending {
-    /// The bookkeeping of a QP with `caps` (as created) in `pd`, with
-    /// scratch room for chains of up to [`CHAIN_ROOM`] requests, so that no
-    /// post of such a chain allocates, the first included.
+    /// The bookkeeping of a QP with `caps` (as created) in `pd`. Posts
+    /// build their raw requests on the stack (up to [`CHAIN_ROOM`]), so
+    /// nothing is allocated for them here.
     pub(crate) fn new(caps: &QpCaps, qp_type: QpType, pd: *mut sys::ibv_pd, atomics: bool) -> Self {
         let send = Ledger::new(Kind::Send, caps.max_send_wr as usize);
         let mut side = Vec::new();
@@ -172,8 +167,8 @@ impl Pending {
             recv: Ledger::new(Kind::Recv, caps.max_recv_wr as usize),
             side,
             released: Vec::new(),
-            sq: Scratch::new(chain_room(caps.max_send_wr)),
-            rq: Scratch::new(chain_room(caps.max_recv_wr)),
+            sq: Scratch::new(),
+            rq: Scratch::new(),
             facts: SendFacts::new(
                 qp_type,
                 pd,
@@ -460,10 +455,11 @@ impl QueuePair {
         let (pd, p) = self.pd_and_pending_mut();
         let ctx = pd.context();
         let facts = p.facts;
+        let mut stack = Stack::new();
         let chain = Chain {
             ledger: &mut p.send,
             side: &mut p.side,
-            scratch: &mut p.sq,
+            scratch: Room::new(&mut stack, &mut p.sq),
             n: 0,
         };
         post_chain(
@@ -478,7 +474,7 @@ impl QueuePair {
             |n, room, held| send_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // `chain` is a NULL-terminated chain whose sg_lists point
-                // into the scratch entries, both unchanged until the call
+                // into the call's raw requests, both unchanged until the call
                 // returns; every entry names a chunk now held by the ledger
                 // (which keeps it until the device is provably done) or
                 // inline data borrowed for the call; UD entries name live

@@ -9,7 +9,7 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::chain::{post_chain, provider_failed, refuse_all, Chain};
+use super::chain::{post_chain, provider_failed, refuse_all, Chain, Room, Stack};
 use super::completed::PostError;
 use super::entries::Loan;
 use super::pin::Keeper;
@@ -160,10 +160,11 @@ impl QueuePair {
         // The QP keeps the source while the requests may be outstanding.
         let pin = t.src.as_ref().map(|_| p.pin(&t.keeper));
         let newest = Cell::new(0u64);
+        let mut stack = Stack::new();
         let chain = Chain {
             ledger: &mut p.send,
             side: &mut p.side,
-            scratch: &mut p.sq,
+            scratch: Room::new(&mut stack, &mut p.sq),
             n: 0,
         };
         let res = post_chain(
@@ -184,7 +185,7 @@ impl QueuePair {
             |_, _| {},
             |n, room, held| super::post::send_queue_full(VERB, n, room, held),
             |chain, bad| {
-                // A NULL-terminated chain into the scratch; its one entry
+                // A NULL-terminated chain of the call's raw requests; each one's entry
                 // names the template's source, which the QP's pin keeps
                 // (set below: nothing frees it before this call returns)
                 // until the newest of these requests is no longer

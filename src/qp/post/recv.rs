@@ -4,7 +4,7 @@
 
 use std::ffi::c_int;
 
-use super::super::chain::{post_chain, refuse_all, Chain, Scratch};
+use super::super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack};
 use super::super::check::RecvFacts;
 use super::super::completed::PostError;
 use super::super::entries::Loan;
@@ -57,8 +57,8 @@ impl QueuePair {
             wrs.into_iter(),
             |n, room, held| recv_queue_full(VERB, n, room, held),
             |chain, bad| {
-                // SAFETY: live QP; a NULL-terminated chain into the scratch
-                // vectors, naming chunks the ledger holds.
+                // SAFETY: live QP; a NULL-terminated chain into the call's
+                // stack (and the queue's scratch), naming chunks the ledger holds.
                 unsafe { sys::ibv_post_recv(qp, chain, bad) }
             },
         )
@@ -210,10 +210,11 @@ pub(crate) fn post_recv_chain(
 ) -> Result<(), PostError> {
     // Receives never lend beside their entries: no side table.
     let mut no_side = Vec::new();
+    let mut stack = Stack::new();
     let chain = Chain {
         ledger,
         side: &mut no_side,
-        scratch,
+        scratch: Room::new(&mut stack, scratch),
         n: 0,
     };
     post_chain(
