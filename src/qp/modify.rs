@@ -4,7 +4,7 @@ use super::attr::QpAttr;
 use super::mask::QpAttrMask;
 use std::time::{Duration, Instant};
 
-use super::validate::{revalidate_fresh, validate, ModifyError, QpView};
+use super::validate::{revalidate_fresh, validate, validate_typed, ModifyError, QpView};
 use super::{QpState, QueuePair};
 use crate::error::{check_rc, Error, Result};
 use crate::sys;
@@ -172,13 +172,32 @@ impl QueuePair {
     /// ```
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
-        let view = QpView {
+        let to = validate(&self.view(), attr)?;
+        self.modify_validated(attr, to)
+    }
+
+    /// [`modify`](Self::modify) of a typed transition to `to` from the
+    /// known state (which [`Qp::apply`](crate::qp::Qp::apply) checked):
+    /// the table part of the checks is the builder's type.
+    pub(crate) fn modify_typed(&mut self, attr: &QpAttr, to: QpState) -> Result<()> {
+        let to = validate_typed(&self.view(), attr, to)?;
+        self.modify_validated(attr, to)
+    }
+
+    /// What the validator needs to know about this QP.
+    fn view(&self) -> QpView<'_> {
+        QpView {
             ctx: self.pd().context(),
             qp_type: self.qp_type,
             state: self.state(),
             port: self.port(),
-        };
-        let to = validate(&view, attr)?;
+        }
+    }
+
+    /// The rest of a checked modify to `to`, once `attr` passed the
+    /// checks: the drain check out of SQD, the call, and a look again at
+    /// fresh port data when the kernel refuses.
+    fn modify_validated(&mut self, attr: &QpAttr, to: QpState) -> Result<()> {
         if self.state() == QpState::Sqd && attr.get_state().is_some() && to != QpState::Err {
             // The kernel refuses this while the send queue drains; ask the
             // device rather than let the user meet a bare EINVAL.
@@ -195,13 +214,7 @@ impl QueuePair {
                 // The checks may have accepted on a cached GID entry that
                 // has changed since: look again, and give the reason if
                 // there is one now. The QP is unchanged either way.
-                let view = QpView {
-                    ctx: self.pd().context(),
-                    qp_type: self.qp_type,
-                    state: self.state(),
-                    port: self.port(),
-                };
-                match revalidate_fresh(&view, attr) {
+                match revalidate_fresh(&self.view(), attr) {
                     Some(reason) => Err(reason.into()),
                     None => Err(e),
                 }

@@ -76,6 +76,24 @@ pub(crate) fn validate(qp: &QpView<'_>, attr: &QpAttr) -> Result<QpState, Modify
     })
 }
 
+/// [`validate`] for a typed transition ([`Qp::apply`](crate::qp::Qp::apply))
+/// from the known state to `to`: the builder's mask passes the table (the
+/// tests of `typed` check every builder), and no builder sets
+/// `IBV_QP_CAP`, so only `IBV_QP_CUR_STATE` and the values are checked.
+pub(crate) fn validate_typed(
+    qp: &QpView<'_>,
+    attr: &QpAttr,
+    to: QpState,
+) -> Result<QpState, ModifyError> {
+    let from = qp.state;
+    transition::check_cur_state(from, attr)?;
+    debug_assert_eq!(check_transition(qp.qp_type, from, attr), Ok(to));
+    match check_values(qp, attr, from, to, Read::Cached) {
+        Ok(()) => Ok(to),
+        Err(_) => check_values(qp, attr, from, to, Read::Fresh).map(|()| to),
+    }
+}
+
 /// After the kernel refused a modify that [`validate`] accepted: the value
 /// checks again against freshly read port attributes and GID entries (which
 /// refreshes the cache). `Some` when they now refuse: the cache was stale

@@ -731,6 +731,9 @@ fn connect_helper(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
+/// `Qp::apply` refuses a builder whose from-state is not the known state,
+/// and (the table part skipped) an `IBV_QP_CUR_STATE` naming another state;
+/// `from_dynamic` refuses the wrong transport.
 fn typed_apply_checks_from_state(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let mut ud = Qp::<Ud>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
@@ -749,8 +752,26 @@ fn typed_apply_checks_from_state(env: &Env) -> Result<(), Failed> {
         Ok(_) => return Err("a UD QP became a Qp<Rc>".into()),
     };
     ensure!(e.to_string().contains("UD, not RC"), "{e}");
-    let ud = Qp::<Ud>::from_dynamic(back).map_err(|(_, e)| e)?;
+    let mut ud = Qp::<Ud>::from_dynamic(back).map_err(|(_, e)| e)?;
     ensure!(ud.state() == QpState::Reset, "state");
+    // The typed path skips the table, not IBV_QP_CUR_STATE: one that names
+    // another state than the known one is refused, and nothing changes.
+    ud.apply(ResetToInit::<Ud>::new(0, env.port, QKey(0x1111)))?;
+    ud.apply(InitToRtr::<Ud>::new())?;
+    let lying = RtrToRts::<Ud>::new(Psn::new(0)?).cur_state(QpState::Init);
+    match ud.apply(lying) {
+        Err(Error::Modify(ModifyError::CurStateMismatch { known, given })) => ensure!(
+            known == QpState::Rtr && given == QpState::Init,
+            "{known:?} {given:?}"
+        ),
+        other => return Err(format!("a lying cur_state: {other:?}").into()),
+    }
+    ensure!(
+        state_of(&ud)? == QpState::Rtr,
+        "the refused modify moved the QP"
+    );
+    ud.apply(RtrToRts::<Ud>::new(Psn::new(0)?).cur_state(QpState::Rtr))?;
+    ensure!(state_of(&ud)? == QpState::Rts, "not in RTS");
     Ok(())
 }
 

@@ -39,11 +39,7 @@ pub fn check_transition(
     from: QpState,
     attr: &QpAttr,
 ) -> Result<QpState, ModifyError> {
-    if let Some(given) = attr.get_cur_state() {
-        if given != from {
-            return Err(ModifyError::CurStateMismatch { known: from, given });
-        }
-    }
+    check_cur_state(from, attr)?;
     let to = attr.get_state().unwrap_or(from);
     let illegal = ModifyError::IllegalTransition { qp_type, from, to };
     if from == QpState::Unknown || to == QpState::Unknown {
@@ -72,6 +68,15 @@ pub fn check_transition(
         });
     }
     Ok(to)
+}
+
+/// `IBV_QP_CUR_STATE`, when given, must name `from` (the known state).
+#[inline]
+pub(super) fn check_cur_state(from: QpState, attr: &QpAttr) -> Result<(), ModifyError> {
+    match attr.get_cur_state() {
+        Some(given) if given != from => Err(ModifyError::CurStateMismatch { known: from, given }),
+        _ => Ok(()),
+    }
 }
 
 /// An attribute-only modify (no `IBV_QP_STATE`): the kernel checks it as
