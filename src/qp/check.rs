@@ -77,18 +77,6 @@ impl SendFacts {
         data && dest && self.fast_ops.contains(SendOpsFlags::of(&wr.op))
     }
 
-    /// Whether a template of `op` from a source in `src_pd` (`None`: no
-    /// data) passes [`fast`](Self::fast) on this QP: the once-per-call
-    /// check of [`QueuePair::post_template`](super::QueuePair::post_template).
-    #[inline(always)]
-    pub(crate) fn fast_template(&self, op: &SendOp, src_pd: Option<*mut sys::ibv_pd>) -> bool {
-        let data = match src_pd {
-            Some(pd) => self.max_sge >= 1 && pd == self.pd,
-            None => true,
-        };
-        data && !self.ud && self.fast_ops.contains(SendOpsFlags::of(op))
-    }
-
     /// The checks of [`QueuePair::post_send`](super::QueuePair::post_send)
     /// (and of a batch's `post`), with the message of the first that fails.
     #[cold]

@@ -342,22 +342,12 @@ impl<T: Payload> Ledger<T> {
     fn stamp_for(&mut self, idx: u64) -> Result<u64, Exhausted> {
         let mut s = self.next + (idx.wrapping_sub(self.next) & self.mask);
         if s >= self.end {
-            s = self.new_blocks(idx)?;
+            let (first, end) = new_blocks(self.mask, idx)?;
+            s = first;
+            self.end = end;
         }
         self.next = s + 1;
         Ok(s)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn new_blocks(&mut self, idx: u64) -> Result<u64, Exhausted> {
-        // Enough blocks that every slot has a stamp in them.
-        let n = (self.slots.len() as u64).div_ceil(BLOCK).max(1);
-        let start = take_blocks(n).ok_or(Exhausted)?;
-        self.end = start + n * BLOCK;
-        // `start` is a multiple of BLOCK, and so of any slot count up to it;
-        // above, of the slot count too (both are powers of two).
-        Ok(start + (idx.wrapping_sub(start) & self.mask))
     }
 
     /// Records a request and returns the tag to hand the device as its
@@ -365,33 +355,60 @@ impl<T: Payload> Ledger<T> {
     /// (or no stamps left) the payload comes back.
     #[inline(always)]
     pub(crate) fn insert(&mut self, wr_id: u64, payload: T) -> Result<u64, T> {
+        match self.reserve() {
+            Some((idx, stamp)) => Ok(self.fill(idx, stamp, wr_id, payload)),
+            None => Err(payload),
+        }
+    }
+
+    /// [`insert`](Self::insert) of the payload `make` makes, once the
+    /// request has its slot (so a constant payload is written straight
+    /// into it): the tag, or `None` (and `make` is not called). `make`
+    /// must not panic: a panic would leave the slot counted and never
+    /// filled (one request of room lost for good; nothing else).
+    #[inline(always)]
+    pub(crate) fn insert_made(&mut self, wr_id: u64, make: impl FnOnce() -> T) -> Option<u64> {
+        let (idx, stamp) = self.reserve()?;
+        Some(self.fill(idx, stamp, wr_id, make()))
+    }
+
+    /// Takes the slot the order gives next and a fresh stamp for it, and
+    /// counts the request in; the caller [`fill`](Self::fill)s the slot
+    /// at once. `None`, with nothing changed, when there is no room or
+    /// no stamp left.
+    #[inline(always)]
+    fn reserve(&mut self) -> Option<(usize, u64)> {
         if self.live >= self.cap {
-            return Err(payload);
+            return None;
         }
         let idx = match self.order {
             Order::Ring { head, .. } => head & self.mask,
             Order::Free { first, .. } => u64::from(first),
         };
-        let Ok(stamp) = self.stamp_for(idx) else {
-            return Err(payload);
-        };
-        let slot = &mut self.slots[idx as usize];
+        let stamp = self.stamp_for(idx).ok()?;
         match &mut self.order {
             Order::Ring { head, .. } => *head += 1,
             // `live < cap <= slots`: the list is not empty, and its first
             // slot links the next (the last one's link is never followed
             // while it is the only free slot: `live` stops inserts first
             // when `cap` is the slot count).
-            Order::Free { first, .. } => *first = slot.wr_id as u32,
+            Order::Free { first, .. } => *first = self.slots[idx as usize].wr_id as u32,
         }
+        self.live += 1;
+        Some((idx as usize, stamp))
+    }
+
+    /// Records the request in the slot [`reserve`](Self::reserve) gave.
+    #[inline(always)]
+    fn fill(&mut self, idx: usize, stamp: u64, wr_id: u64, payload: T) -> u64 {
+        self.heavy += usize::from(!payload.inert());
+        let slot = &mut self.slots[idx];
         slot.stamp = stamp;
         slot.wr_id = wr_id;
-        self.heavy += usize::from(!payload.inert());
         // Assigning the `ManuallyDrop` itself drops nothing: a ring slot
         // passed by a quiet completion may still hold an inert payload.
         slot.load = ManuallyDrop::new(Some(payload));
-        self.live += 1;
-        Ok(self.kind.tag(stamp))
+        self.kind.tag(stamp)
     }
 
     /// Frees slot `idx` (its request was taken): on a receive queue it goes
@@ -642,3 +659,15 @@ mod proptests;
 
 #[cfg(test)]
 mod tests;
+
+/// The stamp for slot `idx` of a ledger of `mask + 1` slots from fresh
+/// blocks (enough that every slot has a stamp in them), and their end.
+#[cold]
+#[inline(never)]
+fn new_blocks(mask: u64, idx: u64) -> Result<(u64, u64), Exhausted> {
+    let n = (mask + 1).div_ceil(BLOCK).max(1);
+    let start = take_blocks(n).ok_or(Exhausted)?;
+    // `start` is a multiple of BLOCK, and so of any slot count up to it;
+    // above, of the slot count too (both are powers of two).
+    Ok((start + (idx.wrapping_sub(start) & mask), start + n * BLOCK))
+}

@@ -272,6 +272,9 @@ pub struct QueuePair {
     inner: Owned<sys::ibv_qp, Box<QpKeep>>,
     qp_type: QpType,
     caps: QpCaps,
+    /// A number no other QP of this process has had (addresses are
+    /// reused): what a [`SendTemplate`] names its QP by.
+    id: u64,
     /// The known state: as of the last successful modify or resync, or
     /// what an error completion or a fatal event proved since (shared
     /// with the context's event delivery and, for a CM QP, with its id).
@@ -284,6 +287,13 @@ pub struct QueuePair {
     recv_floor: (u8, u32),
     /// For a QP made with `send_ops`: its `ibv_qp_ex`.
     ex: Option<ex::QpEx>,
+}
+
+/// A QP number of this process's own, never given twice (a `u64` counted
+/// up by one for each QP cannot wrap).
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl ProtectionDomain {
@@ -444,6 +454,7 @@ impl QueuePair {
             #[cfg(feature = "cm")]
             cm: None,
             inner,
+            id: next_id(),
             qp_type: attr.qp_type,
             // ibv_create_qp wrote back the sizes the device actually gave.
             caps,
@@ -452,6 +463,12 @@ impl QueuePair {
             recv_floor: (0, 0),
             ex: None,
         })
+    }
+
+    /// The process-unique number of this QP (see [`SendTemplate`]).
+    #[inline]
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     #[inline]

@@ -48,30 +48,58 @@ pub struct SendTemplate {
     /// The source's raw entry, found once (a chunk's address and key do
     /// not change).
     sge: sys::ibv_sge,
-    /// The raw opcode of `op`, found once.
-    opcode: sys::ibv_wr_opcode::Type,
-    /// The QP it was checked for (its address: compared, never followed).
-    qp: usize,
+    /// The raw request, filled once: opcode, entry count and the
+    /// operation's fields; a post copies it and sets `wr_id`, the flags
+    /// and the entry pointer.
+    raw: RawWr,
+    /// The QP it was checked for ([`QueuePair::id`], never reused): the
+    /// facts checked then (the operation against the transport, the
+    /// source's PD and length, the QP's entry count) stay true of that QP.
+    qp: u64,
     /// Shared with the QP's pin of the source (see `post::Pin`): tells
     /// the QP whether a template (this one or a clone) still lives, and
     /// takes the source's handle from the first of them dropped.
     keeper: Arc<Keeper>,
 }
 
+/// A template's raw request: every pointer in it is NULL (`next`,
+/// `sg_list`; a template is never UD, so no address handle either).
+#[derive(Clone, Copy)]
+struct RawWr(sys::ibv_send_wr);
+
+// SAFETY: the request's pointers are NULL and never followed: posts copy
+// the request and point the copy at their own entry.
+unsafe impl Send for RawWr {}
+// SAFETY: as for `Send`; shared use only reads (copies) it.
+unsafe impl Sync for RawWr {}
+
+impl std::fmt::Debug for RawWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawWr")
+            .field("opcode", &self.0.opcode)
+            .field("num_sge", &self.0.num_sge)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SendTemplate {
-    /// Fills the fields of a raw request from this template (its entry
-    /// count, opcode, the signalled flag and the operation's own fields);
-    /// the caller points `sg_list` at the entry and sets `wr_id`.
+    /// The operation each request from this template carries.
+    pub fn op(&self) -> SendOp {
+        self.op
+    }
+
+    /// The raw request of this template, `wr_id` and `sg_list` aside
+    /// (which the caller sets): a copy of the one filled at creation, with
+    /// the signalled flag.
     #[inline(always)]
-    fn fill(&self, raw: &mut sys::ibv_send_wr, signaled: bool) {
-        raw.num_sge = c_int::from(self.src.is_some());
-        raw.opcode = self.opcode;
+    fn raw(&self, signaled: bool) -> sys::ibv_send_wr {
+        let mut raw = self.raw.0;
         raw.send_flags = if signaled {
             sys::ibv_send_flags::IBV_SEND_SIGNALED.0
         } else {
             0
         };
-        super::post::fill_op(&self.op, raw);
+        raw
     }
 }
 
@@ -129,12 +157,18 @@ impl QueuePair {
             length: len as u32,
             lkey: s.chunk().lkey(),
         });
-        Ok(SendTemplate {
+        let mut raw = sys::ibv_send_wr {
+            num_sge: c_int::from(src.is_some()),
             opcode: op.opcode(),
+            ..Default::default()
+        };
+        super::post::fill_op(&op, &mut raw);
+        Ok(SendTemplate {
+            raw: RawWr(raw),
             op,
             sge,
             src: src.map(|(s, len)| (s.clone(), len as u32)),
-            qp: self.as_ptr() as usize,
+            qp: self.id(),
             keeper: Arc::new(Keeper::default()),
         })
     }
@@ -175,10 +209,12 @@ impl QueuePair {
             |_| Ok(()),
             |&(_, signaled), raw: &mut sys::ibv_send_wr, sges| {
                 sges[0] = t.sge;
-                t.fill(raw, signaled);
+                *raw = t.raw(signaled);
             },
             |ledger, _, (wr_id, _)| {
-                let tag = ledger.insert(wr_id, Loan::Empty)?;
+                let tag = ledger
+                    .insert_made(wr_id, || Loan::Empty)
+                    .ok_or(Loan::Empty)?;
                 newest.set(tag);
                 Ok(tag)
             },
@@ -229,7 +265,7 @@ impl QueuePair {
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_post_send")]
-    #[inline]
+    #[inline(always)]
     pub fn post_template_one(
         &mut self,
         t: &SendTemplate,
@@ -246,7 +282,7 @@ impl QueuePair {
             let held = p.send.len();
             return Err(refused_one(super::post::send_queue_full(VERB, 1, 0, held)));
         }
-        let Ok(tag) = p.send.insert(wr_id, Loan::Empty) else {
+        let Some(tag) = p.send.insert_made(wr_id, || Loan::Empty) else {
             return Err(refused_one(Error::TagsExhausted { verb: VERB }));
         };
         // The ledger keeps the request from here on, whatever the provider
@@ -257,11 +293,8 @@ impl QueuePair {
             p.pin_posted(i, tag);
         }
         let mut sge = t.sge;
-        let mut wr = sys::ibv_send_wr {
-            wr_id: tag,
-            ..Default::default()
-        };
-        t.fill(&mut wr, signaled);
+        let mut wr = t.raw(signaled);
+        wr.wr_id = tag;
         if t.src.is_some() {
             wr.sg_list = &mut sge;
         }
@@ -282,9 +315,9 @@ impl QueuePair {
     /// the QP's state or a leaked batch refuses.
     #[inline(always)]
     fn template_refusal(&self, t: &SendTemplate, verb: &'static str) -> Option<Error> {
-        let src_pd = t.src.as_ref().map(|(s, _)| s.chunk().pd_ptr());
-        // The QP's address alone could be a later QP's: its facts decide.
-        if t.qp != self.as_ptr() as usize || !self.pending().facts.fast_template(&t.op, src_pd) {
+        // The QP's number is never another QP's, and what `send_template`
+        // checked of the template against it does not change.
+        if t.qp != self.id() {
             return Some(Error::invalid(verb, "the template was made for another QP"));
         }
         self.send_refusal_if_any(verb)
@@ -328,7 +361,7 @@ impl QueuePair {
     /// ```
     pub fn template_source_mut<'t>(&mut self, t: &'t mut SendTemplate) -> Result<&'t mut [u8]> {
         const VERB: &str = "ibv_post_send";
-        if t.qp != self.as_ptr() as usize {
+        if t.qp != self.id() {
             return Err(Error::invalid(VERB, "the template was made for another QP"));
         }
         let Some((src, _)) = t.src.as_mut() else {

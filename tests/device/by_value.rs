@@ -726,9 +726,9 @@ fn template_sources(env: &Env) -> Result<(), Failed> {
 /// `post_template_one`, one request per call as a latency loop posts:
 /// each write lands and its completion ends exactly it, under the
 /// caller's id; the source is not writable while it is outstanding;
-/// another QP's template, a full send queue and RESET are refused with
-/// nothing recorded; the QP keeps a dropped template's source until its
-/// request ends.
+/// another QP's template (one that outlived its QP too), a full send
+/// queue and RESET are refused with nothing recorded; the QP keeps a
+/// dropped template's source until its request ends.
 fn template_one(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::SharedChunk;
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
@@ -766,6 +766,34 @@ fn template_one(env: &Env) -> Result<(), Failed> {
             .expect_err("another QP's template");
     ensure!(e.posted == 0 && p.b.outstanding_sends() == 0, "{e}");
     ensure!(e.to_string().contains("another QP"), "{e}");
+    // A template that outlived its QP is refused on a later QP of the same
+    // PD, even one at the same address (a template names its QP by a
+    // number never reused, not by its address).
+    let init = rdma_verbs::QpInitAttr::new(QpType::Rc, &p.cq, &p.cq).caps(caps());
+    let gone = p.pd.create_qp(&init)?;
+    let old = gone.as_raw() as usize;
+    let orphan = gone.send_template(write, None)?;
+    drop(gone);
+    let mut later = Vec::new();
+    while later.len() < 8 {
+        let q = p.pd.create_qp(&init)?;
+        let same = q.as_raw() as usize == old;
+        later.push(q);
+        if same {
+            break;
+        }
+    }
+    let q = later.last_mut().ok_or("no QP")?;
+    eprintln!(
+        "template_one: the later QP is at the gone one's address: {}",
+        q.as_raw() as usize == old
+    );
+    let e = q
+        .post_template_one(&orphan, 1, true)
+        .expect_err("a gone QP's template");
+    ensure!(e.posted == 0 && q.outstanding_sends() == 0, "{e}");
+    ensure!(e.to_string().contains("another QP"), "{e}");
+    drop(later);
     // Refused, nothing recorded: a full send queue.
     let room = p.a.caps().max_send_wr as u64;
     for i in 0..room {
