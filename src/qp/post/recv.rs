@@ -84,7 +84,7 @@ impl QueuePair {
     /// # Ok(()) }
     /// ```
     #[doc(alias = "ibv_post_recv")]
-    #[inline]
+    #[inline(always)]
     pub fn post_recv_one(&mut self, wr: RecvWr) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_recv";
         if self.takes_no_recvs() {
