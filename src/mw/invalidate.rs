@@ -66,7 +66,14 @@ impl QueuePair {
     /// Takes a [`WorkCompletion`](crate::WorkCompletion) or the
     /// [`PolledWc`](crate::PolledWc) of an extended CQ created with
     /// [`imm`](crate::CqExBuilder::imm) (without it: `None`).
+    #[inline]
     pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
+        // The common case inline (every reclaimed receive asks): neither
+        // bit set, one read of the flags.
+        let flags = wc.inv_flags()?;
+        if !flags.intersects(crate::WcFlags::WITH_INV | crate::WcFlags::IP_CSUM_OK) {
+            return None;
+        }
         let connected = matches!(self.qp_type(), QpType::Rc | QpType::Uc);
         peer_invalidated(self.pd().context(), wc, connected)
     }
@@ -88,6 +95,7 @@ impl crate::SharedReceiveQueue {
 /// The rkey a peer's SEND_WITH_INV invalidated, as receive completion `wc`
 /// of a QP (`connected`: RC or UC) on `ctx` reports it: `IBV_WC_WITH_INV`,
 /// or on rxe the kernel-numbered bit (see [`QueuePair::invalidated_rkey`]).
+#[inline(never)]
 fn peer_invalidated<C: crate::qp::Completion + ?Sized>(
     ctx: &Context,
     wc: &C,

@@ -51,8 +51,15 @@ impl Pending {
         tag: u64,
         on: &mut impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
-        self.recv_mut()
-            .complete(tag, |r| on(r.wr_id, r.own, Kind::Recv, r.payload))
+        // A receive completion ends its own request only (free list): no
+        // loop, one call of `on`.
+        match self.recv_mut().take_tag(tag) {
+            Some(r) => {
+                on(r.wr_id, r.own, Kind::Recv, r.payload);
+                1
+            }
+            None => 0,
+        }
     }
 }
 
