@@ -56,6 +56,12 @@ impl QpAttr {
         &self.raw
     }
 
+    /// The C struct, for an `ibv_modify_qp` on a set the caller owns (it
+    /// may be written by the call).
+    pub(crate) fn raw_mut(&mut self) -> &mut sys::ibv_qp_attr {
+        &mut self.raw
+    }
+
     /// The same set with only the attributes in `keep` (and the state).
     #[cfg(feature = "cm")]
     pub(crate) fn retain(mut self, keep: QpAttrMask) -> Self {

@@ -173,15 +173,15 @@ impl QueuePair {
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify(&mut self, attr: &QpAttr) -> Result<()> {
         let to = validate(&self.view(), attr)?;
-        self.modify_validated(attr, to)
+        self.modify_validated(Pass::Copy(attr), to)
     }
 
     /// [`modify`](Self::modify) of a typed transition to `to` from the
     /// known state (which [`Qp::apply`](crate::qp::Qp::apply) checked):
     /// the table part of the checks is the builder's type.
-    pub(crate) fn modify_typed(&mut self, attr: &QpAttr, to: QpState) -> Result<()> {
+    pub(crate) fn modify_typed(&mut self, attr: &mut QpAttr, to: QpState) -> Result<()> {
         let to = validate_typed(&self.view(), attr, to)?;
-        self.modify_validated(attr, to)
+        self.modify_validated(Pass::InPlace(attr), to)
     }
 
     /// What the validator needs to know about this QP.
@@ -197,7 +197,8 @@ impl QueuePair {
     /// The rest of a checked modify to `to`, once `attr` passed the
     /// checks: the drain check out of SQD, the call, and a look again at
     /// fresh port data when the kernel refuses.
-    fn modify_validated(&mut self, attr: &QpAttr, to: QpState) -> Result<()> {
+    fn modify_validated(&mut self, pass: Pass<'_>, to: QpState) -> Result<()> {
+        let attr = pass.attr();
         if self.state() == QpState::Sqd && attr.get_state().is_some() && to != QpState::Err {
             // The kernel refuses this while the send queue drains; ask the
             // device rather than let the user meet a bare EINVAL.
@@ -209,12 +210,15 @@ impl QueuePair {
                 .into());
             }
         }
-        match self.modify_unchecked(attr) {
+        let mut pass = pass;
+        match self.modify_call(&mut pass) {
             Err(e @ Error::Verb { .. }) => {
                 // The checks may have accepted on a cached GID entry that
                 // has changed since: look again, and give the reason if
-                // there is one now. The QP is unchanged either way.
-                match revalidate_fresh(&self.view(), attr) {
+                // there is one now. The QP is unchanged either way. (An
+                // in-place set is read as the call left it: the verbs
+                // only read it, and what is read here names a reason only.)
+                match revalidate_fresh(&self.view(), pass.attr()) {
                     Some(reason) => Err(reason.into()),
                     None => Err(e),
                 }
@@ -281,12 +285,41 @@ impl QueuePair {
     /// state follows the modify, on failure nothing changes.
     #[doc(alias = "ibv_modify_qp")]
     pub fn modify_unchecked(&mut self, attr: &QpAttr) -> Result<()> {
-        let mut raw = *attr.raw();
-        // SAFETY: the QP is live; `raw` is a fully initialised attribute struct
-        // that the kernel only reads the masked fields of (and may write back).
-        let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), &mut raw, attr.mask().to_c()) };
+        self.modify_call(&mut Pass::Copy(attr))
+    }
+
+    /// The `ibv_modify_qp` call of a modify, and what the QP records of
+    /// it when it succeeds (the state, the port, the requests a RESET
+    /// ended). What is recorded is read from the set before the call.
+    fn modify_call(&mut self, pass: &mut Pass<'_>) -> Result<()> {
+        let attr = pass.attr();
+        let mask = attr.mask();
+        let to = attr.get_state();
+        let port = match attr.get_port() {
+            Some(p) => Some(p),
+            // The QP has no port yet, or loses it with this RESET.
+            None if mask.contains(QpAttrMask::AV)
+                && (self.port().is_none() || to == Some(QpState::Reset)) =>
+            {
+                attr.get_av().map(|av| av.port())
+            }
+            None => None,
+        };
+        let qp = self.as_ptr();
+        let rc = match pass {
+            Pass::Copy(attr) => {
+                let mut raw = *attr.raw();
+                // SAFETY: the QP is live; `raw` is a fully initialised
+                // attribute struct that the kernel only reads the masked
+                // fields of (and may write back: it is a copy).
+                unsafe { sys::ibv_modify_qp(qp, &mut raw, mask.to_c()) }
+            }
+            // SAFETY: as above, on the set itself, which the caller owns
+            // and gives up (a builder that `Qp::apply` consumes).
+            Pass::InPlace(attr) => unsafe { sys::ibv_modify_qp(qp, attr.raw_mut(), mask.to_c()) },
+        };
         check_rc("ibv_modify_qp", rc)?;
-        if let Some(to) = attr.get_state() {
+        if let Some(to) = to {
             self.set_known(to, (to == QpState::Reset).then_some(None));
             if to == QpState::Reset {
                 // RESET discards outstanding requests without completions:
@@ -295,16 +328,27 @@ impl QueuePair {
                 self.pending_mut().release_all();
             }
         }
-        let port = match attr.get_port() {
-            Some(p) => Some(p),
-            None if attr.mask().contains(QpAttrMask::AV) && self.port().is_none() => {
-                attr.get_av().map(|av| av.port())
-            }
-            None => None,
-        };
         if let Some(p) = port {
             self.set_known(self.state(), Some(Some(p)));
         }
         Ok(())
+    }
+}
+
+/// An attribute set on its way to `ibv_modify_qp`, which takes it by a
+/// mutable pointer: borrowed (the call gets a copy) or owned by a builder
+/// the caller consumes (the call gets the set itself: no 150-byte copy).
+enum Pass<'a> {
+    Copy(&'a QpAttr),
+    InPlace(&'a mut QpAttr),
+}
+
+impl Pass<'_> {
+    #[inline]
+    fn attr(&self) -> &QpAttr {
+        match self {
+            Pass::Copy(a) => a,
+            Pass::InPlace(a) => a,
+        }
     }
 }

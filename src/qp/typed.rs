@@ -74,6 +74,9 @@ mod sealed {
     /// (a copy of a 150-byte `ibv_qp_attr` per modify).
     pub trait AttrRef {
         fn attr_ref(&self) -> &super::QpAttr;
+        /// The attributes of a builder [`Qp::apply`](super::Qp::apply)
+        /// owns: handed to `ibv_modify_qp` as they are, not copied.
+        fn attr_mut(&mut self) -> &mut super::QpAttr;
     }
 }
 
@@ -178,8 +181,7 @@ impl<T: Transport> Qp<T> {
     /// optional attribute, against [`check_transition`](super::check_transition)),
     /// so only `IBV_QP_CUR_STATE` and the values are checked.
     #[doc(alias = "ibv_modify_qp")]
-    pub fn apply<B: Modify<T>>(&mut self, transition: B) -> Result<()> {
-        let attr = sealed::AttrRef::attr_ref(&transition);
+    pub fn apply<B: Modify<T>>(&mut self, mut transition: B) -> Result<()> {
         match B::FROM {
             Some(expected) => {
                 let known = self.qp.state();
@@ -191,9 +193,12 @@ impl<T: Transport> Qp<T> {
                     }
                     .into());
                 }
-                self.qp.modify_typed(attr, B::TO)
+                // The builder is ours: the call takes its attributes in
+                // place.
+                self.qp
+                    .modify_typed(sealed::AttrRef::attr_mut(&mut transition), B::TO)
             }
-            None => self.qp.modify(attr),
+            None => self.qp.modify(sealed::AttrRef::attr_ref(&transition)),
         }
     }
 
@@ -263,6 +268,10 @@ macro_rules! builders {
             #[inline]
             fn attr_ref(&self) -> &QpAttr {
                 &self.attr
+            }
+            #[inline]
+            fn attr_mut(&mut self) -> &mut QpAttr {
+                &mut self.attr
             }
         }
         impl<T: Transport> Modify<T> for $name<T> {
