@@ -271,21 +271,24 @@ impl SharedReceiveQueue {
     }
 
     pub(crate) fn reclaim_tag(&self, tag: u64, mut f: impl FnMut(Completed)) -> usize {
-        let mut released = None;
-        let n = {
+        let released = {
             let mut p = self.pending();
-            let n = p.ledger.complete(tag, |r| released = Some(r));
+            // A receive ends its own request only (free list).
+            let r = p.ledger.take_tag(tag);
             self.inner
                 .keep()
                 .outstanding
                 .store(p.ledger.len(), Ordering::Relaxed);
-            n
+            r
         };
         // `f` runs outside the lock, so it may post to this SRQ again.
-        if let Some(r) = released {
-            f(Completed::new(r.wr_id, r.own, Kind::Srq, r.payload));
+        match released {
+            Some(r) => {
+                f(Completed::new(r.wr_id, r.own, Kind::Srq, r.payload));
+                1
+            }
+            None => 0,
         }
-        n
     }
 
     /// Destroys the SRQ now and hands back every receive it still held.

@@ -54,7 +54,7 @@ impl Conn {
             .channel
             .as_ref()
             .ok_or("internal: no completion channel")?;
-        wait::arm(wait::stall_limit(), wait::Wait::CqEvent);
+        wait::arm_cq_event(wait::stall_limit());
         let ev = ch.get_event();
         wait::disarm();
         let ev = ev.or_fail("Failed to get cq_event")?;

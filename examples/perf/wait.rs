@@ -8,7 +8,7 @@
 //! `ibv_get_cq_event`). TCP waits use socket timeouts. Every limit is scaled
 //! by `RDMA_VERBS_TIME_SCALE` (see `examples/common/time.rs`).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -76,33 +76,14 @@ impl Stall {
     }
 }
 
-// The watchdog's view of the one blocking wait: bit 0 says a wait is
-// armed, the bits above count the waits armed so far. Arming and disarming
-// are a load and a store each (only the waiting thread writes), so that a
-// wait per CQ event costs what perftest's bare `ibv_get_cq_event` costs; no
-// clock is read and no lock taken on that path.
+// The watchdog's view of the one blocking wait (a CQ event with `-e`):
+// bit 0 says it is armed, the bits above count the waits armed so far.
+// Arming and disarming are a load and a store each (only the waiting
+// thread writes), so that a wait per CQ event costs what perftest's bare
+// `ibv_get_cq_event` costs; no clock is read and no lock taken on that
+// path.
 static ARMED: AtomicU64 = AtomicU64::new(0);
 static LIMIT_MS: AtomicU64 = AtomicU64::new(0);
-static WHAT: AtomicU8 = AtomicU8::new(0);
-
-/// What a blocking wait waits for (named in the watchdog's message).
-#[derive(Clone, Copy)]
-#[repr(u8)]
-pub enum Wait {
-    CqEvent = 0,
-}
-
-impl Wait {
-    fn from_u8(_v: u8) -> Wait {
-        Wait::CqEvent
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Wait::CqEvent => "a CQ event",
-        }
-    }
-}
 
 /// Starts the watchdog thread (once). Every 100 ms it looks at the armed
 /// wait: one that stays armed, the same one, for longer than its limit
@@ -122,8 +103,7 @@ pub fn start_watchdog() {
                 Some((armed, since)) if armed == s => {
                     let limit = Duration::from_millis(LIMIT_MS.load(Ordering::Relaxed));
                     if since.elapsed() > limit {
-                        let what = Wait::from_u8(WHAT.load(Ordering::Relaxed)).name();
-                        eprintln!("perf: timed out waiting for {what}");
+                        eprintln!("perf: timed out waiting for a CQ event");
                         std::process::exit(1);
                     }
                 }
@@ -133,11 +113,10 @@ pub fn start_watchdog() {
     });
 }
 
-/// Arms the watchdog for `limit` from now, naming the wait.
+/// Arms the watchdog for a CQ event, `limit` from now.
 #[inline]
-pub fn arm(limit: Duration, what: Wait) {
+pub fn arm_cq_event(limit: Duration) {
     LIMIT_MS.store(limit.as_millis() as u64, Ordering::Relaxed);
-    WHAT.store(what as u8, Ordering::Relaxed);
     let s = ARMED.load(Ordering::Relaxed);
     ARMED.store(((s >> 1) + 1) << 1 | 1, Ordering::Release);
 }

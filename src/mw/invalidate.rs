@@ -68,12 +68,6 @@ impl QueuePair {
     /// [`imm`](crate::CqExBuilder::imm) (without it: `None`).
     #[inline]
     pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
-        // The common case inline (every reclaimed receive asks): neither
-        // bit set, one read of the flags.
-        let flags = wc.inv_flags()?;
-        if !flags.intersects(crate::WcFlags::WITH_INV | crate::WcFlags::IP_CSUM_OK) {
-            return None;
-        }
         let connected = matches!(self.qp_type(), QpType::Rc | QpType::Uc);
         peer_invalidated(self.pd().context(), wc, connected)
     }
@@ -87,6 +81,7 @@ impl crate::SharedReceiveQueue {
     /// `IB_WC_WITH_INVALIDATE` bit is the only one it puts at `1 << 2` in a
     /// user-space receive completion (rxe_resp.c sets `GRH`, `WITH_IMM` and
     /// `WITH_INVALIDATE` there), so it is read whatever the QP's type.
+    #[inline]
     pub fn invalidated_rkey<C: crate::qp::Completion + ?Sized>(&self, wc: &C) -> Option<u32> {
         peer_invalidated(self.pd().context(), wc, true)
     }
@@ -95,22 +90,35 @@ impl crate::SharedReceiveQueue {
 /// The rkey a peer's SEND_WITH_INV invalidated, as receive completion `wc`
 /// of a QP (`connected`: RC or UC) on `ctx` reports it: `IBV_WC_WITH_INV`,
 /// or on rxe the kernel-numbered bit (see [`QueuePair::invalidated_rkey`]).
-#[inline(never)]
+#[inline(always)]
 fn peer_invalidated<C: crate::qp::Completion + ?Sized>(
     ctx: &Context,
     wc: &C,
     connected: bool,
 ) -> Option<u32> {
-    // One read (the flags) in the common case: no invalidation.
+    // Inline, as every reclaimed receive asks: one read of the flags in
+    // the common case (no invalidation); rxe's bit out of line.
     let flags = wc.inv_flags()?;
     if flags.contains(crate::WcFlags::WITH_INV) {
         return Some(wc.inv_word());
     }
-    let rxe_inv = flags.contains(crate::WcFlags::IP_CSUM_OK)
-        && connected
-        && wc.succeeded()
-        && wc.wc_opcode() == Ok(crate::WcOpcode::Recv)
-        && ctx.is_rxe();
+    if !flags.contains(crate::WcFlags::IP_CSUM_OK) {
+        return None;
+    }
+    rxe_invalidated(ctx, wc, connected)
+}
+
+/// [`peer_invalidated`] for a completion with `IBV_WC_IP_CSUM_OK` set:
+/// on rxe, the kernel's `IB_WC_WITH_INVALIDATE` (see
+/// [`QueuePair::invalidated_rkey`]).
+#[inline(never)]
+fn rxe_invalidated<C: crate::qp::Completion + ?Sized>(
+    ctx: &Context,
+    wc: &C,
+    connected: bool,
+) -> Option<u32> {
+    let rxe_inv =
+        connected && wc.succeeded() && wc.wc_opcode() == Ok(crate::WcOpcode::Recv) && ctx.is_rxe();
     rxe_inv.then(|| wc.inv_word())
 }
 

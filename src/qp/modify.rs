@@ -197,7 +197,7 @@ impl QueuePair {
     /// The rest of a checked modify to `to`, once `attr` passed the
     /// checks: the drain check out of SQD, the call, and a look again at
     /// fresh port data when the kernel refuses.
-    fn modify_validated(&mut self, pass: Pass<'_>, to: QpState) -> Result<()> {
+    fn modify_validated(&mut self, mut pass: Pass<'_>, to: QpState) -> Result<()> {
         let attr = pass.attr();
         if self.state() == QpState::Sqd && attr.get_state().is_some() && to != QpState::Err {
             // The kernel refuses this while the send queue drains; ask the
@@ -210,7 +210,6 @@ impl QueuePair {
                 .into());
             }
         }
-        let mut pass = pass;
         match self.modify_call(&mut pass) {
             Err(e @ Error::Verb { .. }) => {
                 // The checks may have accepted on a cached GID entry that
