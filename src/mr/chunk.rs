@@ -111,6 +111,13 @@ impl Chunk {
         Arc::as_ptr(&self.mr) as usize
     }
 
+    /// The region's handle (which keeps it registered, and its memory,
+    /// while it is held).
+    #[inline]
+    pub(crate) fn region(&self) -> &Arc<MrInner> {
+        &self.mr
+    }
+
     /// The protection domain's object: unique among live PDs of every
     /// context (kernel PD handles restart at 0 in each context).
     #[inline]

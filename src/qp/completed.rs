@@ -144,7 +144,7 @@ impl Completed {
                 None,
                 Some(e.lent.into_iter().flatten().filter_map(Lent::owned)),
             ),
-            Loan::Empty | Loan::Side => (None, None),
+            Loan::Empty | Loan::Side | Loan::Pooled => (None, None),
         };
         one.into_iter().chain(many.into_iter().flatten())
     }
@@ -154,7 +154,7 @@ impl Completed {
     pub fn into_chunk(self) -> Option<Chunk> {
         match self.loan {
             Loan::One(Lent::Own(c)) => Some(c),
-            Loan::One(Lent::Shared(_)) | Loan::Empty | Loan::Side => None,
+            Loan::One(Lent::Shared(_)) | Loan::Empty | Loan::Side | Loan::Pooled => None,
             Loan::Many(_) => self.chunks().next(),
         }
     }

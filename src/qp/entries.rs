@@ -300,13 +300,18 @@ pub(crate) enum Loan {
     /// In the send queue's side table, at the request's slot (a UD
     /// destination's address handle, a memory-window loan).
     Side,
+    /// A buffer of a [`RecvBuffers`](super::RecvBuffers) pool posted to a
+    /// QP: the request's `wr_id` names the pool and the buffer, the pool
+    /// keeps the buffer's chunk, and the QP's pool pin keeps the region
+    /// while any such record is outstanding (so the record holds nothing).
+    Pooled,
 }
 
 impl super::ledger::Payload for Loan {
-    /// Only [`Loan::Empty`] drops nothing.
+    /// Only [`Loan::Empty`] and [`Loan::Pooled`] drop nothing.
     #[inline(always)]
     fn inert(&self) -> bool {
-        matches!(self, Loan::Empty)
+        matches!(self, Loan::Empty | Loan::Pooled)
     }
 }
 
@@ -317,7 +322,7 @@ impl Loan {
     pub(crate) fn give_owned<E: Extend<Chunk>>(self, out: &mut E) {
         match self {
             Loan::One(Lent::Own(c)) => out.extend(Some(c)),
-            Loan::Empty | Loan::Side => {}
+            Loan::Empty | Loan::Side | Loan::Pooled => {}
             // The rare cases (a clone to drop, a box to take apart) out of
             // line, so that the common ones inline into the caller.
             other => other.give_rare(out),

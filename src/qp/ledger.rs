@@ -146,6 +146,12 @@ impl Kind {
         }
     }
 
+    /// Whether `wr_id` is a tag of this kind (one compare).
+    #[inline]
+    pub(crate) fn tags(self, wr_id: u64) -> bool {
+        wr_id >> KIND_SHIFT == self as u64
+    }
+
     #[inline]
     fn tag(self, stamp: u64) -> u64 {
         ((self as u64) << KIND_SHIFT) | stamp
@@ -561,6 +567,31 @@ impl<T: Payload> Ledger<T> {
     }
 
     /// [`complete`](Self::complete), or with `quiet`
+    /// On a receive queue or an SRQ (free list): takes the request `tag`
+    /// names if it is outstanding here and `pick(payload, wr_id)` says so,
+    /// returning its `wr_id` (the payload is not moved out). `pick` may
+    /// accept only [inert](Payload::inert) payloads: the slot forgets it.
+    /// `None`, with nothing changed, otherwise.
+    #[inline(always)]
+    pub(crate) fn take_if(&mut self, tag: u64, pick: impl FnOnce(&T, u64) -> bool) -> Option<u64> {
+        let stamp = self.own_stamp(tag)?;
+        if !matches!(self.order, Order::Free { .. }) {
+            return None;
+        }
+        let idx = (stamp & self.mask) as usize;
+        let slot = &mut self.slots[idx];
+        let wr_id = slot.wr_id;
+        match &*slot.load {
+            Some(payload) if pick(payload, wr_id) => {}
+            _ => return None,
+        }
+        // Inert (the caller's promise): forgetting it loses nothing, and
+        // `heavy` did not count it.
+        slot.load = ManuallyDrop::new(None);
+        self.free(idx);
+        Some(wr_id)
+    }
+
     /// [`complete_quiet`](Self::complete_quiet).
     #[inline(always)]
     fn end(&mut self, tag: u64, quiet: bool, mut f: impl FnMut(Released<T>)) -> usize {

@@ -104,8 +104,9 @@ use super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack, CHAIN_RO
 use super::check::{RecvFacts, SendFacts};
 use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
-use super::ledger::{Kind, Ledger};
+use super::ledger::{Kind, Ledger, Released};
 use super::pin::Pin;
+use super::recv_buffers::PoolPin;
 
 mod recv;
 use super::request::{SendOp, SendWr};
@@ -144,6 +145,11 @@ pub(crate) struct Pending {
     /// may be outstanding (see [`Pin`]), so that those requests' ledger
     /// records hold nothing ([`Loan::Empty`], inert).
     pub(super) pins: Vec<Pin>,
+    /// The QP's record of each [`RecvBuffers`](super::RecvBuffers) pool
+    /// posted to its receive queue, which keeps the pool's region while a
+    /// buffer of it is posted (see [`PoolPin`]), so that those requests'
+    /// ledger records hold nothing ([`Loan::Pooled`], inert).
+    pub(super) pools: Vec<PoolPin>,
 }
 
 /// How many requests of a queue of `max_wr` requests a chain of up to
@@ -184,6 +190,7 @@ impl Pending {
             batch: 0,
             batch_open: false,
             pins: Vec::new(),
+            pools: Vec::new(),
         }
     }
 
@@ -218,6 +225,23 @@ impl Pending {
     #[inline]
     pub(super) fn recv_mut(&mut self) -> &mut Ledger<Loan> {
         &mut self.recv
+    }
+
+    /// Takes the receive `tag` names if it is outstanding (the one way a
+    /// completion takes a receive out of the ledger): a pool's buffer
+    /// also leaves its pool's pin.
+    #[inline(always)]
+    pub(super) fn take_recv(&mut self, tag: u64) -> Option<Released<Loan>> {
+        let r = self.recv.take_tag(tag);
+        if let Some(Released {
+            wr_id,
+            payload: Loan::Pooled,
+            ..
+        }) = &r
+        {
+            self.pool_ended(*wr_id);
+        }
+        r
     }
 
     /// The receive ledger and the facts a receive is checked against.
@@ -263,6 +287,8 @@ impl Pending {
         });
         recv.drain(|r| released.push(Completed::new(r.wr_id, false, Kind::Recv, r.payload)));
         self.release_pins();
+        // No buffer of any pool is posted any more.
+        self.pools.clear();
     }
 
     /// Everything still held, for a destroyed QP: `released` first.
@@ -280,6 +306,7 @@ impl Pending {
             + self.sq.bytes()
             + self.rq.bytes()
             + self.pins.capacity() * std::mem::size_of::<Pin>()
+            + self.pools.capacity() * std::mem::size_of::<PoolPin>()
     }
 }
 

@@ -7,32 +7,49 @@
 //!
 //! Each buffer is a [`Chunk`] of one region registered with `LOCAL_WRITE`
 //! only (no peer may write it), which the pool alone holds the chunks of.
-//! A posted buffer's chunk is *in the QP's receive ledger*, exactly as a
-//! chunk-moving receive ([`RecvWr`]) lends it: the ledger keeps it (and so
-//! the region) until the device is done with it (its completion, a RESET,
-//! the QP's destruction), also when the pool is dropped meanwhile or the
-//! provider fails the post. The pool reads a buffer's bytes only while it
-//! holds the chunk again, and takes it back only from a ledger record
-//! whose `wr_id` names the buffer and whose one chunk is that very buffer
-//! (its region, offset and length), so a receive the caller posted with a
-//! `wr_id` of the pool's is not taken for the pool's. A buffer is posted
-//! again only through `&mut RecvBuffers`, which a live [`Received`]
-//! borrows: the bytes cannot change under the borrow.
+//!
+//! * **Posted to a QP, the chunk stays in the pool, and the QP keeps the
+//!   region.** The buffer's ledger record holds nothing
+//!   ([`Loan::Pooled`]); its `wr_id` names the pool (a process-unique
+//!   number, upper 32 bits) and the buffer (lower 32). The QP keeps a
+//!   [`PoolPin`] per pool: the region's handle and how many of the pool's
+//!   records its receive ledger holds. The count goes up, and the handle
+//!   is taken, before the post call (so a provider failure, which leaves
+//!   the records in doubt, keeps them counted), and down for every such
+//!   record a completion takes out; a RESET or the QP's destruction,
+//!   which hand every record back, let go of every pin. So the region,
+//!   and its memory, stay registered while the device may write any
+//!   buffer of it, also when the pool is dropped meanwhile.
+//! * **The pool reads a buffer only while it is not posted.** A buffer
+//!   posted to a QP is marked so (`Where::Qp`); the mark is cleared only when a record
+//!   made by the pool's post ([`Loan::Pooled`], which no other post
+//!   makes) with the buffer's `wr_id` comes out of the QP's ledger: by
+//!   the ledger's rules (see `ledger.rs`) the device is then done with it.
+//!   A receive the caller posted with a `wr_id` of the pool's lends its
+//!   own chunks and is not taken for the pool's.
+//! * **Posted to an SRQ, the chunk moves** into the SRQ's ledger, as a
+//!   chunk-moving receive ([`RecvWr`]) lends it, and comes back only from
+//!   a record whose one chunk is that very buffer (its region, offset and
+//!   length).
+//! * A buffer is posted again only through `&mut RecvBuffers`, which a
+//!   live [`Received`] borrows: the bytes cannot change under the borrow.
 //!
 //! The one `unsafe` of the direct post is the provider call and the raw
 //! requests it reads ([`RecvBuffers::post`]): one per buffer, kept by the
 //! pool, linked for the call from the pool's own arrays.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use super::completed::{Completed, PostError};
 use super::entries::{Lent, Loan};
 use super::ledger::Kind;
+use super::post::Pending;
 use super::request::RecvWr;
 use super::QueuePair;
 use crate::cq::WorkCompletion;
 use crate::error::{Error, Result};
-use crate::mr::{AccessFlags, Chunk};
+use crate::mr::{AccessFlags, Chunk, MrInner};
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
 use crate::sys;
@@ -71,9 +88,11 @@ static NEXT_POOL: AtomicU32 = AtomicU32::new(1);
 /// ```
 #[derive(Debug)]
 pub struct RecvBuffers {
-    /// Indexed by buffer: `Some` while here (free, or lent to a
-    /// [`Received`]), `None` while posted.
+    /// Indexed by buffer: `None` while lent to an SRQ's ledger.
     chunks: Vec<Option<Chunk>>,
+    /// Indexed by buffer: where it is (posted to a QP, its chunk is here
+    /// and never read meanwhile).
+    state: Vec<Where>,
     /// Buffers to post, in the order they became free.
     free: Vec<u32>,
     /// The raw requests of a post to a QP.
@@ -85,6 +104,38 @@ pub struct RecvBuffers {
     region: usize,
     /// The region's PD (compared, never followed).
     pd: usize,
+    /// The region's handle, which a QP's [`PoolPin`] takes.
+    mr: Region,
+}
+
+/// The handle of a pool's region.
+struct Region(Arc<MrInner>);
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", Arc::as_ptr(&self.0) as usize)
+    }
+}
+
+/// Where a buffer of a [`RecvBuffers`] pool is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Where {
+    /// In the pool: free, or lent to a [`Received`].
+    Here,
+    /// Posted to a QP (its record holds nothing; its chunk is in the pool).
+    Qp,
+    /// Posted to an SRQ (its chunk is in the SRQ's ledger).
+    Srq,
+}
+
+/// A QP's record of a [`RecvBuffers`] pool posted to its receive queue:
+/// `posted` counts the pool's records ([`Loan::Pooled`]) its receive
+/// ledger holds, and `mr` holds the pool's region exactly while that is
+/// not 0 (see the module docs).
+pub(crate) struct PoolPin {
+    id: u32,
+    posted: u32,
+    mr: Option<Arc<MrInner>>,
 }
 
 /// The raw receive requests of a pool, one per buffer: entry `i` names
@@ -158,7 +209,10 @@ impl RecvBuffers {
             ));
         }
         let chunks = pd.alloc_chunks(count, size, AccessFlags::LOCAL_WRITE)?;
-        let region = chunks.first().map_or(0, Chunk::region_id);
+        let Some(first) = chunks.first() else {
+            return Err(Error::invalid(VERB, "internal: no receive buffer was made"));
+        };
+        let (region, mr) = (first.region_id(), Region(first.region().clone()));
         let sges = (chunks.iter())
             .map(|c| sys::ibv_sge {
                 addr: c.addr(),
@@ -176,10 +230,12 @@ impl RecvBuffers {
             region,
             pd: pd.as_ptr() as usize,
             chunks: chunks.into_iter().map(Some).collect(),
+            state: vec![Where::Here; count],
             free: (0..count as u32).collect(),
             raw: RawRecvs { wrs, sges },
             size,
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
+            mr,
         })
     }
 
@@ -205,7 +261,7 @@ impl RecvBuffers {
 
     /// How many buffers are posted (or in doubt after a failed post).
     pub fn posted(&self) -> usize {
-        self.chunks.iter().filter(|c| c.is_none()).count()
+        self.state.iter().filter(|&&w| w != Where::Here).count()
     }
 
     #[inline]
@@ -248,35 +304,32 @@ impl RecvBuffers {
         let sges = self.raw.sges.as_mut_ptr();
         let mut prev: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         for k in start..self.free.len() {
-            let i = self.free[k];
-            let wr_id = self.wr_id(i);
-            // A free buffer is here (`Some`); the take leaves `None`, posted.
-            let Some(chunk) = self.chunks[i as usize].take() else {
-                return Err(self.undo_post(
-                    qp,
-                    start,
-                    k,
-                    Error::invalid(VERB, "internal: a free buffer is missing"),
-                ));
-            };
-            let tag = match ledger.insert(wr_id, Loan::One(Lent::Own(chunk))) {
-                Ok(tag) => tag,
-                Err(loan) => {
-                    self.chunks[i as usize] = match loan {
-                        Loan::One(Lent::Own(c)) => Some(c),
-                        _ => None,
-                    };
-                    return Err(self.undo_post(qp, start, k, Error::TagsExhausted { verb: VERB }));
+            let i = self.free[k] as usize;
+            // A free buffer is here; it is posted from its record on
+            // (which holds nothing: the pin keeps the region).
+            match self.state.get_mut(i) {
+                Some(w @ Where::Here) => *w = Where::Qp,
+                _ => {
+                    return Err(self.undo_post(
+                        qp,
+                        start,
+                        k,
+                        Error::invalid(VERB, "internal: a free buffer is missing"),
+                    ))
                 }
+            }
+            let Some(tag) = ledger.insert_made(self.wr_id(i as u32), || Loan::Pooled) else {
+                self.state[i] = Where::Here;
+                return Err(self.undo_post(qp, start, k, Error::TagsExhausted { verb: VERB }));
             };
             // SAFETY: `i` < the buffer count, the length of both arrays
-            // (a free index is one of the pool's); the pointers come from
-            // the arrays' own and are written through only here, while
-            // `&mut self` is held.
+            // (a free index is one of the pool's: `state[i]` exists); the
+            // pointers come from the arrays' own and are written through
+            // only here, while `&mut self` is held.
             unsafe {
-                let w = wrs.add(i as usize);
+                let w = wrs.add(i);
                 (*w).wr_id = tag;
-                (*w).sg_list = sges.add(i as usize);
+                (*w).sg_list = sges.add(i);
                 (*w).next = std::ptr::null_mut();
                 if !prev.is_null() {
                     (*prev).next = w;
@@ -284,6 +337,9 @@ impl RecvBuffers {
                 prev = w;
             }
         }
+        // Before the call: whatever the provider returns, the records stay
+        // (in doubt, at worst), and the pin keeps the region for them.
+        qp.pending_mut().pool_posted(self.id, &self.mr.0, n);
         self.free.truncate(start);
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: a live QP; `head` starts a NULL-terminated chain of the
@@ -291,10 +347,10 @@ impl RecvBuffers {
         // the call), each with one entry naming a buffer of the pool's
         // region, which is of the QP's PD and registered with LOCAL_WRITE
         // (checked by `pool_refusal`). The ledger holds each buffer's
-        // chunk from here until the device is done with it (its
-        // completion, a RESET, the QP's destruction), whatever the
-        // provider returns, so the region stays registered and its bytes
-        // unread meanwhile.
+        // record, and the QP's pin the region, from here until the device
+        // is done with it (its completion, a RESET, the QP's destruction),
+        // whatever the provider returns, so the region stays registered,
+        // and the buffer is marked posted (unread) meanwhile.
         let rc = unsafe { sys::ibv_post_recv(qp.as_ptr(), wrs.add(head), &mut bad) };
         if rc != 0 {
             return Err(super::chain::provider_failed(VERB, rc, n));
@@ -311,8 +367,8 @@ impl RecvBuffers {
         let ledger = qp.pending_mut().recv_mut();
         for j in (start..k).rev() {
             let i = self.free[j] as usize;
-            if let Some(Loan::One(Lent::Own(c))) = ledger.undo_last(self.raw.wrs[i].wr_id) {
-                self.chunks[i] = Some(c);
+            if let Some(Loan::Pooled) = ledger.undo_last(self.raw.wrs[i].wr_id) {
+                self.state[i] = Where::Here;
             }
         }
         super::post::fail(error, 0, Vec::new())
@@ -332,7 +388,14 @@ impl RecvBuffers {
             let c = chunks[i as usize].take()?;
             Some(RecvWr::new((u64::from(id) << 32) | u64::from(i)).sge(c))
         });
-        match srq.post_recv(&mut wrs) {
+        let res = srq.post_recv(&mut wrs);
+        if !matches!(&res, Err(e) if e.posted == 0) {
+            // Their chunks are in the SRQ's ledger (in doubt, at worst).
+            for &i in &self.free {
+                self.state[i as usize] = Where::Srq;
+            }
+        }
+        match res {
             Ok(()) => {
                 self.free.clear();
                 Ok(n)
@@ -360,11 +423,47 @@ impl RecvBuffers {
     #[inline]
     pub fn take<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         let tag = wc.wr_id();
-        // The common case straight on: a receive of the QP's own queue.
-        if Kind::of(tag) != Some(Kind::Recv) || wc.qp_num() != qp.qp_num() {
+        // The common case straight on: a receive of the QP's own queue
+        // that is one of this pool's buffers.
+        if !Kind::Recv.tags(tag) || wc.qp_num() != qp.qp_num() {
             return self.take_routed(qp, wc);
         }
-        let Some(r) = qp.pending_mut().recv_mut().take_tag(tag) else {
+        let id = self.id;
+        let p = qp.pending_mut();
+        let Some(wr_id) = p.recv_mut().take_if(tag, |load, wr_id| {
+            matches!(load, Loan::Pooled) && (wr_id >> 32) as u32 == id
+        }) else {
+            return self.take_other(qp, wc);
+        };
+        p.pool_ended(wr_id);
+        let ok = wc.is_success();
+        qp.recv_ended(wc, Some(Kind::Recv), ok);
+        let index = wr_id as u32;
+        match self.state.get_mut(index as usize) {
+            Some(w @ Where::Qp) => *w = Where::Here,
+            // Never: the pool's records name its posted buffers.
+            _ => {
+                return Taken::Other(Completed::new(wr_id, true, Kind::Recv, Loan::Pooled));
+            }
+        }
+        let len = if ok {
+            (wc.byte_len() as usize).min(self.size)
+        } else {
+            0
+        };
+        Taken::Mine(Received {
+            pool: self,
+            index,
+            len,
+            ok,
+        })
+    }
+
+    /// [`take`](Self::take) of a receive of the QP's own queue that is not
+    /// one of this pool's buffers (or ends nothing).
+    #[inline(never)]
+    fn take_other<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
+        let Some(r) = qp.pending_mut().take_recv(wc.wr_id()) else {
             return Taken::Nothing;
         };
         let ok = wc.is_success();
@@ -450,29 +549,104 @@ impl RecvBuffers {
         }
     }
 
-    /// Stores a request's chunk in its buffer's place if it is this pool's:
-    /// its `wr_id` names a posted buffer of the pool, and its one chunk is
-    /// that very buffer (a receive the caller posted with a `wr_id` of the
-    /// pool's is not the pool's, whatever its chunks: the pool's region
-    /// has no chunk but the pool's own).
+    /// Takes a request back if it is one of this pool's buffers: a record
+    /// of the pool's post to a QP ([`Loan::Pooled`]) whose `wr_id` names a
+    /// buffer posted there, or a record of its post to an SRQ whose one
+    /// chunk is that very buffer (a receive the caller posted with a
+    /// `wr_id` of the pool's is not the pool's, whatever its chunks: the
+    /// pool's region has no chunk but the pool's own). Another request
+    /// comes back as `Err`.
     #[inline(always)]
     fn keep(&mut self, wr_id: u64, loan: Loan) -> std::result::Result<u32, Loan> {
         let index = wr_id as u32;
-        if wr_id != self.wr_id(index)
-            || !self.chunks.get(index as usize).is_some_and(Option::is_none)
-        {
+        let i = index as usize;
+        if wr_id != self.wr_id(index) {
             return Err(loan);
         }
         match loan {
+            Loan::Pooled => match self.state.get_mut(i) {
+                Some(w @ Where::Qp) => {
+                    *w = Where::Here;
+                    Ok(index)
+                }
+                _ => Err(loan),
+            },
             Loan::One(Lent::Own(c))
-                if c.region_id() == self.region
-                    && c.offset() == index as usize * self.size
+                if self.state.get(i) == Some(&Where::Srq)
+                    && c.region_id() == self.region
+                    && c.offset() == i * self.size
                     && c.len() == self.size =>
             {
-                self.chunks[index as usize] = Some(c);
+                self.chunks[i] = Some(c);
+                self.state[i] = Where::Here;
                 Ok(index)
             }
             other => Err(other),
+        }
+    }
+}
+
+impl Pending {
+    /// Counts `n` records of pool `id` (region `mr`) in, before the post
+    /// call that hands them to the device.
+    #[inline(always)]
+    fn pool_posted(&mut self, id: u32, mr: &Arc<MrInner>, n: usize) {
+        let i = match self.pools.first() {
+            Some(p) if p.id == id => 0,
+            _ => self.pool_pin(id),
+        };
+        if let Some(p) = self.pools.get_mut(i) {
+            // At most the receive queue's depth (a `u32`) are outstanding.
+            p.posted = p.posted.saturating_add(n as u32);
+            if p.mr.is_none() {
+                p.mr = Some(mr.clone());
+            }
+        }
+    }
+
+    /// A record of the pool named by `wr_id`'s upper half left the
+    /// receive ledger: the pin lets go of the region after the last.
+    #[inline(always)]
+    pub(super) fn pool_ended(&mut self, wr_id: u64) {
+        let id = (wr_id >> 32) as u32;
+        match self.pools.first_mut() {
+            Some(p) if p.id == id => p.end(),
+            _ => self.pool_ended_other(id),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pool_ended_other(&mut self, id: u32) {
+        if let Some(p) = self.pools.iter_mut().find(|p| p.id == id) {
+            p.end();
+        }
+    }
+
+    /// The index of pool `id`'s pin, made if there is none (the pins of
+    /// pools with nothing posted go first).
+    #[cold]
+    #[inline(never)]
+    fn pool_pin(&mut self, id: u32) -> usize {
+        if let Some(i) = self.pools.iter().position(|p| p.id == id) {
+            return i;
+        }
+        self.pools.retain(|p| p.posted > 0);
+        self.pools.push(PoolPin {
+            id,
+            posted: 0,
+            mr: None,
+        });
+        self.pools.len() - 1
+    }
+}
+
+impl PoolPin {
+    #[inline(always)]
+    fn end(&mut self) {
+        self.posted = self.posted.saturating_sub(1);
+        if self.posted == 0 {
+            self.mr = None;
         }
     }
 }

@@ -38,6 +38,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         recv_buffers_dropped,
     ),
     (
+        "by_value::a_qp_holds_a_pools_region_exactly_while_a_buffer_is_posted",
+        recv_buffers_pin,
+    ),
+    (
         "by_value::post_recv_one_reposts_and_refuses_misuse",
         recv_one,
     ),
@@ -395,39 +399,127 @@ fn recv_buffers_direct(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A pool dropped while its buffers are posted: the QP's ledger keeps
-/// each buffer's chunk (and so the region) until its completion, which
-/// hands the chunk back with the bytes that came.
+/// A pool dropped while its buffers are posted: the QP keeps the pool's
+/// region registered until the last of them ends, so the device still
+/// writes messages into them (the receives succeed, which they would not
+/// with the region gone: rxe fails a receive into an unregistered key);
+/// their completions hand back the requests, naming the pool, with no
+/// chunk (the bytes went with the pool). A second pool posted behind them
+/// meanwhile takes the next message as usual, and its other buffer comes
+/// back from the QP's RESET, which it takes back.
 fn recv_buffers_dropped(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let mut gone = RecvBuffers::new(&p.pd, 2, 64)?;
+    ensure!(gone.post(&mut p.b)? == 2, "posted");
+    drop(gone);
     let mut bufs = RecvBuffers::new(&p.pd, 2, 64)?;
-    ensure!(bufs.post(&mut p.b)? == 2, "posted");
-    drop(bufs);
-    let mut src =
-        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
-            .pop()
-            .ok_or("no chunk")?;
-    src.as_mut_slice()[..4].copy_from_slice(b"late");
-    p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(src, 4)])?;
-    let mut got = None;
-    for wc in poll_n(&p.cq, 2)? {
-        if wc.qp_num() == p.b.qp_num() {
-            got = p.b.reclaim_one(&wc).and_then(Completed::into_chunk);
-        } else {
-            p.a.reclaim_one(&wc).ok_or("the send ended nothing")?;
+    ensure!(bufs.post(&mut p.b)? == 2, "second pool posted");
+    let mut srcs = p.pd.alloc_chunks(3, 64, AccessFlags::LOCAL_WRITE)?;
+    for (c, msg) in srcs.iter_mut().zip([b"lat1", b"lat2", b"anew"]) {
+        c.as_mut_slice()[..4].copy_from_slice(msg);
+    }
+    p.a.post_send(
+        srcs.drain(..)
+            .map(|c| SendWr::new(1, SendOp::Send).sge_len(c, 4)),
+    )?;
+    let (mut dropped, mut bytes) = (Vec::new(), None);
+    for wc in poll_n(&p.cq, 6)? {
+        ensure!(wc.is_success(), "{wc:?}");
+        if wc.qp_num() != p.b.qp_num() {
+            p.a.reclaim_chunks(&wc, &mut srcs);
+            continue;
+        }
+        match bufs.take(&mut p.b, &wc) {
+            Taken::Mine(msg) => bytes = Some(msg.to_vec()),
+            Taken::Other(c) => dropped.push(c),
+            Taken::Nothing => return Err("a receive ended nothing".into()),
         }
     }
-    let chunk = got.ok_or("the receive's chunk did not come back")?;
-    ensure!(
-        &chunk.as_slice()[..4] == b"late",
-        "{:?}",
-        &chunk.as_slice()[..4]
-    );
-    // The other buffer goes with the QP's RESET.
+    ensure!(srcs.len() == 3, "{} send chunks back", srcs.len());
+    ensure!(bytes.as_deref() == Some(&b"anew"[..]), "{bytes:?}");
+    ensure!(dropped.len() == 2, "{dropped:?}");
+    for c in dropped {
+        ensure!(c.kind == RequestKind::Recv && c.wr_id >> 32 != 0, "{c:?}");
+        ensure!(c.into_chunk().is_none(), "a chunk of the dropped pool");
+    }
+    ensure!(p.b.outstanding_recvs() == 1, "{}", p.b.outstanding_recvs());
+    // The second pool's other buffer goes with the QP's RESET.
     let back = p.b.reset()?;
+    ensure!(back.len() == 1, "{back:?}");
+    for c in back {
+        bufs.give_back(c)
+            .map_err(|c| format!("not the pool's: {c:?}"))?;
+    }
     ensure!(
-        back.len() == 1 && back[0].kind == RequestKind::Recv,
-        "{back:?}"
+        bufs.free() == 2 && bufs.posted() == 0,
+        "{} free, {} posted",
+        bufs.free(),
+        bufs.posted()
+    );
+    Ok(())
+}
+
+/// How many memory regions hold `pd` (its clone's refused close names
+/// them).
+fn regions_of(pd: &rdma_verbs::ProtectionDomain) -> Result<usize, Failed> {
+    match pd.clone().close() {
+        Err(rdma_verbs::Error::InUse { by, .. }) => {
+            Ok(by.count(rdma_verbs::UserKind::MemoryRegion))
+        }
+        other => Err(format!("the clone's close: {other:?}").into()),
+    }
+}
+
+/// The QP's pin of a pool's region: taken by the first post, let go when
+/// the pool's last posted buffer ends (its completion, or a RESET), so
+/// that a dropped pool's region is deregistered then, not when the QP
+/// goes; a pool that lives on keeps its own handle meanwhile.
+fn recv_buffers_pin(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let mut srcs = p.pd.alloc_chunks(4, 64, AccessFlags::LOCAL_WRITE)?;
+    let base = regions_of(&p.pd)?;
+    let mut bufs = RecvBuffers::new(&p.pd, 2, 64)?;
+    ensure!(regions_of(&p.pd)? == base + 1, "the pool's region");
+    ensure!(bufs.post(&mut p.b)? == 2, "posted");
+    drop(bufs);
+    ensure!(
+        regions_of(&p.pd)? == base + 1,
+        "the QP keeps the dropped pool's region while its buffers are posted"
+    );
+    // Two sends: the first ends one buffer (one left: still held), the
+    // second the last one (let go).
+    for round in 0..2 {
+        let src = srcs.pop().ok_or("no chunk")?;
+        p.a.post_send([SendWr::new(round, SendOp::Send).sge_len(src, 8)])?;
+        for wc in poll_n(&p.cq, 2)? {
+            ensure!(wc.is_success(), "{wc:?}");
+            if wc.qp_num() == p.a.qp_num() {
+                p.a.reclaim_chunks(&wc, &mut srcs);
+            } else {
+                ensure!(p.b.reclaim_one(&wc).is_some(), "the receive ended nothing");
+            }
+        }
+        let want = if round == 0 { base + 1 } else { base };
+        ensure!(
+            regions_of(&p.pd)? == want,
+            "round {round}: {} regions, want {want}",
+            regions_of(&p.pd)?
+        );
+    }
+    // A pool that lives on: after a RESET hands its buffers back, only
+    // the pool holds its region.
+    let mut bufs = RecvBuffers::new(&p.pd, 2, 64)?;
+    ensure!(bufs.post(&mut p.b)? == 2, "posted");
+    for c in p.b.reset()? {
+        bufs.give_back(c)
+            .map_err(|c| format!("not the pool's: {c:?}"))?;
+    }
+    ensure!(bufs.free() == 2, "{} free", bufs.free());
+    ensure!(regions_of(&p.pd)? == base + 1, "the pool's own handle only");
+    drop(bufs);
+    ensure!(
+        regions_of(&p.pd)? == base,
+        "a pool dropped with nothing posted goes at once"
     );
     Ok(())
 }
