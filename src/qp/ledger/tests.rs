@@ -333,18 +333,24 @@ fn random_state_machine_hands_every_token_back_exactly_once() {
 }
 
 /// A payload that holds a handle, so that its drops can be counted.
-struct Held(std::rc::Rc<()>, bool);
+struct Held {
+    _handle: std::rc::Rc<()>,
+    inert: bool,
+}
 
 impl Payload for Held {
     fn inert(&self) -> bool {
-        self.1
+        self.inert
     }
 }
 
 #[test]
 fn a_dropped_ledger_drops_each_outstanding_payload_once_and_nothing_else() {
     let rc = std::rc::Rc::new(());
-    let held = |inert| Held(rc.clone(), inert);
+    let held = |inert| Held {
+        _handle: rc.clone(),
+        inert,
+    };
     // A free list: five in, two taken, one undone, two left for the drop;
     // then the slots freed are used again before the ledger goes.
     let mut r = Ledger::new(Kind::Recv, 8);
