@@ -181,8 +181,7 @@ impl<T: Transport> Qp<T> {
     /// optional attribute, against [`check_transition`](super::check_transition)),
     /// so only `IBV_QP_CUR_STATE` and the values are checked.
     #[doc(alias = "ibv_modify_qp")]
-    pub fn apply<B: Modify<T>>(&mut self, transition: B) -> Result<()> {
-        let mut transition = transition;
+    pub fn apply<B: Modify<T>>(&mut self, mut transition: B) -> Result<()> {
         match B::FROM {
             Some(expected) => {
                 let known = self.qp.state();
