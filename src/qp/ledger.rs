@@ -566,7 +566,6 @@ impl<T: Payload> Ledger<T> {
         self.end(tag, false, f)
     }
 
-    /// [`complete`](Self::complete), or with `quiet`
     /// On a receive queue or an SRQ (free list): takes the request `tag`
     /// names if it is outstanding here and `pick(payload, wr_id)` says so,
     /// returning its `wr_id` (the payload is not moved out). `pick` may
@@ -592,6 +591,7 @@ impl<T: Payload> Ledger<T> {
         Some(wr_id)
     }
 
+    /// [`complete`](Self::complete), or with `quiet`
     /// [`complete_quiet`](Self::complete_quiet).
     #[inline(always)]
     fn end(&mut self, tag: u64, quiet: bool, mut f: impl FnMut(Released<T>)) -> usize {

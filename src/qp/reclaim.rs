@@ -53,12 +53,8 @@ impl Pending {
     ) -> usize {
         // A receive completion ends its own request only (free list): no
         // loop, one call of `on`.
-        match self.recv_mut().take_tag(tag) {
+        match self.take_recv(tag) {
             Some(r) => {
-                // A pool's buffer leaves its pool's pin (as `take_recv`).
-                if let Loan::Pooled = r.payload {
-                    self.pool_ended(r.wr_id);
-                }
                 on(r.wr_id, r.own, Kind::Recv, r.payload);
                 1
             }

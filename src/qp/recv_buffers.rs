@@ -438,6 +438,9 @@ impl RecvBuffers {
         p.pool_ended(wr_id);
         let ok = wc.is_success();
         qp.recv_ended(wc, Some(Kind::Recv), ok);
+        // `keep`'s and `mine_or_other`'s work for a record known to be
+        // the pool's, inline (going through them measured 11-18
+        // instructions more per receive).
         let index = wr_id as u32;
         match self.state.get_mut(index as usize) {
             Some(w @ Where::Qp) => *w = Where::Here,

@@ -344,48 +344,47 @@ impl Payload for Held {
     }
 }
 
+/// `n` requests, each holding a handle of `rc`, into `l`: their tags.
+fn insert_held(l: &mut Ledger<Held>, n: u64, rc: &std::rc::Rc<()>, inert: bool) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            let held = Held {
+                _handle: rc.clone(),
+                inert,
+            };
+            l.insert(i, held).ok().unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn a_dropped_ledger_drops_each_outstanding_payload_once_and_nothing_else() {
     let rc = std::rc::Rc::new(());
-    let held = |inert| Held {
-        _handle: rc.clone(),
-        inert,
-    };
     // A free list: five in, two taken, one undone, two left for the drop;
     // then the slots freed are used again before the ledger goes.
     let mut r = Ledger::new(Kind::Recv, 8);
-    let tags: Vec<u64> = (0..5)
-        .map(|i| r.insert(i, held(false)).ok().unwrap())
-        .collect();
+    let tags = insert_held(&mut r, 5, &rc, false);
     drop(r.take_tag(tags[1]).unwrap().payload);
     drop(r.take_tag(tags[3]).unwrap().payload);
     drop(r.undo_last(tags[4]).unwrap());
     assert_eq!(std::rc::Rc::strong_count(&rc), 1 + 2);
-    let again: Vec<u64> = (0..4)
-        .map(|i| r.insert(i, held(false)).ok().unwrap())
-        .collect();
+    let again = insert_held(&mut r, 4, &rc, false);
     assert_eq!(r.len(), 6);
     drop(r.take_tag(again[0]).unwrap().payload);
     drop(r);
     assert_eq!(std::rc::Rc::strong_count(&rc), 1, "the free list's drop");
     // A ring: six in, a completion ends three, three left for the drop.
     let mut s = Ledger::new(Kind::Send, 8);
-    let tags: Vec<u64> = (0..6)
-        .map(|i| s.insert(i, held(false)).ok().unwrap())
-        .collect();
+    let tags = insert_held(&mut s, 6, &rc, false);
     assert_eq!(s.complete(tags[2], drop), 3);
     drop(s);
     assert_eq!(std::rc::Rc::strong_count(&rc), 1, "the ring's drop");
     // Inert payloads that a quiet completion passed are forgotten (never
     // dropped, never read); the ones still outstanding drop with the ledger.
     let mut s = Ledger::new(Kind::Send, 4);
-    let tags: Vec<u64> = (0..4)
-        .map(|i| s.insert(i, held(true)).ok().unwrap())
-        .collect();
+    let tags = insert_held(&mut s, 4, &rc, true);
     assert_eq!(s.complete_quiet(tags[1], |_| panic!("visited")), 2);
-    let more: Vec<u64> = (0..2)
-        .map(|i| s.insert(i, held(true)).ok().unwrap())
-        .collect();
+    let more = insert_held(&mut s, 2, &rc, true);
     assert_eq!(s.len(), 4);
     assert_eq!(std::rc::Rc::strong_count(&rc), 1 + 6);
     assert!(s.outstanding(more[1]) && !s.outstanding(tags[0]));
