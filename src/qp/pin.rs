@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 use super::entries::Loan;
 use super::ledger::Ledger;
 use super::post::Pending;
+use super::template::{RawWr, SendTemplate};
 use crate::mr::SharedChunk;
+use crate::sys;
 
 /// What a [`SendTemplate`](super::SendTemplate) (with its clones) shares
 /// with the QP it posts on: whether a request from it may be outstanding
@@ -42,6 +44,11 @@ pub(crate) struct Pin {
     pub(super) last: u64,
     /// The QP's copy of `keeper.active` (only the QP writes it).
     pub(super) active: bool,
+    /// The template's raw request and entry, copied once when the pin is
+    /// made (a family's clones share them), which a one-request post
+    /// fills in place ([`raw_for`](Self::raw_for)).
+    raw: RawWr,
+    sge: sys::ibv_sge,
 }
 
 impl Pin {
@@ -65,30 +72,69 @@ impl Pin {
     }
 }
 
-impl Pending {
-    /// The index of the QP's pin of the template whose keeper is
-    /// `keeper`, made if there is none.
+impl Pin {
+    /// Marks the pin as holding requests up to tag `last` (kept by the
+    /// ledger), before the post call returns.
     #[inline(always)]
-    pub(super) fn pin(&mut self, keeper: &Arc<Keeper>) -> usize {
+    pub(super) fn posted(&mut self, last: u64) {
+        self.last = last;
+        if !self.active {
+            self.active = true;
+            self.keeper.active.store(true, Ordering::Release);
+        }
+    }
+
+    /// The pin's raw request as one request `tag` (signalled or not),
+    /// its entry pointer at the pin's own entry: valid for a post call
+    /// made before the pin is touched again.
+    #[inline(always)]
+    pub(super) fn raw_for(&mut self, tag: u64, signaled: bool) -> *mut sys::ibv_send_wr {
+        let wr = &mut self.raw.0;
+        wr.wr_id = tag;
+        wr.send_flags = if signaled {
+            sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        wr.sg_list = &mut self.sge;
+        wr
+    }
+}
+
+impl Pending {
+    /// The index of the QP's pin of template `t` (its family: the
+    /// template's keeper), made if there is none.
+    #[inline(always)]
+    pub(super) fn pin(&mut self, t: &SendTemplate) -> usize {
         // The common case, the QP's one template, straight on.
         if let Some(p) = self.pins.first() {
-            if Arc::ptr_eq(&p.keeper, keeper) {
+            if Arc::ptr_eq(&p.keeper, &t.keeper) {
                 return 0;
             }
         }
-        self.pin_other(keeper)
+        self.pin_other(t)
+    }
+
+    /// The QP's pin of template `t`, made if there is none.
+    #[inline(always)]
+    pub(super) fn pin_mut(&mut self, t: &SendTemplate) -> &mut Pin {
+        let i = match self.pins.first() {
+            Some(p) if Arc::ptr_eq(&p.keeper, &t.keeper) => 0,
+            _ => self.pin_other(t),
+        };
+        &mut self.pins[i]
     }
 
     /// [`pin`](Self::pin) for a template that is not the first pinned.
     #[inline(never)]
-    fn pin_other(&mut self, keeper: &Arc<Keeper>) -> usize {
+    fn pin_other(&mut self, t: &SendTemplate) -> usize {
         match self
             .pins
             .iter()
-            .position(|p| Arc::ptr_eq(&p.keeper, keeper))
+            .position(|p| Arc::ptr_eq(&p.keeper, &t.keeper))
         {
             Some(i) => i,
-            None => self.new_pin(keeper),
+            None => self.new_pin(t),
         }
     }
 
@@ -97,11 +143,7 @@ impl Pending {
     #[inline]
     pub(super) fn pin_posted(&mut self, i: usize, last: u64) {
         if let Some(p) = self.pins.get_mut(i) {
-            p.last = last;
-            if !p.active {
-                p.active = true;
-                p.keeper.active.store(true, Ordering::Release);
-            }
+            p.posted(last);
         }
     }
 
@@ -169,12 +211,14 @@ impl Pending {
     /// requests).
     #[cold]
     #[inline(never)]
-    fn new_pin(&mut self, keeper: &Arc<Keeper>) -> usize {
+    fn new_pin(&mut self, t: &SendTemplate) -> usize {
         self.drop_orphan_pins();
         self.pins.push(Pin {
-            keeper: keeper.clone(),
+            keeper: t.keeper.clone(),
             last: 0,
             active: false,
+            raw: t.raw,
+            sge: t.sge,
         });
         self.pins.len() - 1
     }

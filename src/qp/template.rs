@@ -47,11 +47,11 @@ pub struct SendTemplate {
     src: Option<(SharedChunk, u32)>,
     /// The source's raw entry, found once (a chunk's address and key do
     /// not change).
-    sge: sys::ibv_sge,
+    pub(super) sge: sys::ibv_sge,
     /// The raw request, filled once: opcode, entry count and the
     /// operation's fields; a post copies it and sets `wr_id`, the flags
     /// and the entry pointer.
-    raw: RawWr,
+    pub(super) raw: RawWr,
     /// The QP it was checked for ([`QueuePair::id`], never reused): the
     /// facts checked then (the operation against the transport, the
     /// source's PD and length, the QP's entry count) stay true of that QP.
@@ -59,16 +59,21 @@ pub struct SendTemplate {
     /// Shared with the QP's pin of the source (see `post::Pin`): tells
     /// the QP whether a template (this one or a clone) still lives, and
     /// takes the source's handle from the first of them dropped.
-    keeper: Arc<Keeper>,
+    pub(super) keeper: Arc<Keeper>,
 }
 
 /// A template's raw request: every pointer in it is NULL (`next`,
-/// `sg_list`; a template is never UD, so no address handle either).
+/// `sg_list`; a template is never UD, so no address handle either),
+/// except the `sg_list` of the QP's copy in its [`Pin`](super::pin::Pin),
+/// which a post points at the pin's own entry just before the call.
 #[derive(Clone, Copy)]
-struct RawWr(sys::ibv_send_wr);
+pub(super) struct RawWr(pub(super) sys::ibv_send_wr);
 
-// SAFETY: the request's pointers are NULL and never followed: posts copy
-// the request and point the copy at their own entry.
+// SAFETY: the template's request has only NULL pointers, never followed:
+// posts copy it and point the copy at their own entry. A pin's copy has
+// `sg_list` set only by a post (through `&mut QueuePair`), just before the
+// provider follows it during that call; between posts it is never
+// followed. Nothing in it is tied to a thread.
 unsafe impl Send for RawWr {}
 // SAFETY: as for `Send`; shared use only reads (copies) it.
 unsafe impl Sync for RawWr {}
@@ -192,7 +197,7 @@ impl QueuePair {
         let qp = self.as_ptr();
         let p = self.pending_mut();
         // The QP keeps the source while the requests may be outstanding.
-        let pin = t.src.as_ref().map(|_| p.pin(&t.keeper));
+        let pin = t.src.as_ref().map(|_| p.pin(t));
         let newest = Cell::new(0u64);
         let mut stack = Stack::new();
         let chain = Chain {
@@ -288,22 +293,27 @@ impl QueuePair {
         // The ledger keeps the request from here on, whatever the provider
         // says: the QP keeps the source until it is no longer outstanding
         // (set before this call returns, so before the template can go).
-        if t.src.is_some() {
-            let i = p.pin(&t.keeper);
-            p.pin_posted(i, tag);
-        }
-        let mut sge = t.sge;
-        let mut wr = t.raw(signaled);
-        wr.wr_id = tag;
-        if t.src.is_some() {
-            wr.sg_list = &mut sge;
-        }
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: a live QP; `wr` is one request (`next` NULL) whose one
-        // entry, if any, lives on this stack frame for the call and names
-        // the template's source, which the pin set above keeps alive until
-        // the request is no longer outstanding.
-        let rc = unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) };
+        let rc = if t.src.is_some() {
+            // The pin holds the template's raw request and entry, filled
+            // once: only the `wr_id`, the flags and the entry pointer are
+            // written, in place, as a C program reuses its request.
+            let pin = p.pin_mut(t);
+            pin.posted(tag);
+            let wr = pin.raw_for(tag, signaled);
+            // SAFETY: a live QP; `wr` is the pin's one request (`next`
+            // NULL), whose one entry is the pin's (`raw_for` points it
+            // there; the pin is not touched until the call returns) and
+            // names the template's source, which the pin keeps alive until
+            // the request is no longer outstanding (`posted` above).
+            unsafe { sys::ibv_post_send(qp, wr, &mut bad) }
+        } else {
+            let mut wr = t.raw(signaled);
+            wr.wr_id = tag;
+            // SAFETY: a live QP; `wr` is one request (`next` NULL) with no
+            // entry (the template has no source), on this stack frame.
+            unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
+        };
         if rc != 0 {
             return Err(provider_failed(VERB, rc, 1));
         }
