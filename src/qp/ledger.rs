@@ -192,6 +192,58 @@ struct Slot<T> {
     load: ManuallyDrop<Option<T>>,
 }
 
+/// A ledger's slot array: a power of two of them, reached by any number
+/// mod their count ([`at`](Slots::at)), with no bounds check.
+struct Slots<T> {
+    /// `mask + 1` slots, for the array's whole life.
+    arr: Box<[Slot<T>]>,
+    mask: u64,
+}
+
+impl<T> Slots<T> {
+    /// `len` (a power of two) free slots; the free list links slot i to
+    /// i + 1 (the ring ignores the links).
+    fn new(len: usize) -> Self {
+        debug_assert!(len.is_power_of_two());
+        let arr: Box<[Slot<T>]> = (0..len)
+            .map(|i| Slot {
+                stamp: 0,
+                wr_id: (i + 1) as u64,
+                load: ManuallyDrop::new(None),
+            })
+            .collect();
+        Slots {
+            mask: arr.len() as u64 - 1,
+            arr,
+        }
+    }
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.arr.len()
+    }
+
+    /// The slot `x` falls in (`x` mod the slot count).
+    #[inline(always)]
+    fn at(&self, x: u64) -> &Slot<T> {
+        let i = (x & self.mask) as usize;
+        debug_assert!(i < self.arr.len());
+        // SAFETY: `i <= mask`, and `arr.len() == mask + 1` (both set in
+        // `new` from the same array, neither ever changed), so `i` is in
+        // bounds.
+        unsafe { self.arr.get_unchecked(i) }
+    }
+
+    /// [`at`](Self::at), mutable.
+    #[inline(always)]
+    fn at_mut(&mut self, x: u64) -> &mut Slot<T> {
+        let i = (x & self.mask) as usize;
+        debug_assert!(i < self.arr.len());
+        // SAFETY: as in `at`: `i <= mask == arr.len() - 1`.
+        unsafe { self.arr.get_unchecked_mut(i) }
+    }
+}
+
 /// A request leaving the ledger, and why.
 #[derive(Debug)]
 pub(crate) struct Released<T> {
@@ -231,7 +283,7 @@ pub(crate) struct Ledger<T> {
     /// The most requests that may be outstanding at once.
     cap: usize,
     /// A power of two, at least `cap`.
-    slots: Box<[Slot<T>]>,
+    slots: Slots<T>,
     mask: u64,
     live: usize,
     /// How many outstanding payloads are not [inert](Payload::inert).
@@ -257,14 +309,7 @@ impl<T: Payload> Ledger<T> {
     /// Allocates everything it will ever need now (one array of slots).
     pub(crate) fn new(kind: Kind, cap: usize) -> Self {
         let len = cap.max(1).next_power_of_two();
-        let slots = (0..len)
-            .map(|i| Slot {
-                stamp: 0,
-                // The free list links slot i to i + 1 (ignored by the ring).
-                wr_id: (i + 1) as u64,
-                load: ManuallyDrop::new(None),
-            })
-            .collect();
+        let slots = Slots::new(len);
         let order = match kind {
             Kind::Send => Order::Ring { head: 0, tail: 0 },
             Kind::Recv | Kind::Srq => Order::Free {
@@ -331,7 +376,7 @@ impl<T: Payload> Ledger<T> {
             return None;
         }
         let idx = (head.wrapping_sub(1) & self.mask) as usize;
-        let tag = self.kind.tag(self.slots[idx].stamp);
+        let tag = self.kind.tag(self.slots.at(idx as u64).stamp);
         let (wr_id, payload) = self.undo_last_entry(tag)?;
         Some(Released {
             wr_id,
@@ -398,7 +443,7 @@ impl<T: Payload> Ledger<T> {
             // slot links the next (the last one's link is never followed
             // while it is the only free slot: `live` stops inserts first
             // when `cap` is the slot count).
-            Order::Free { first, .. } => *first = self.slots[idx as usize].wr_id as u32,
+            Order::Free { first, .. } => *first = self.slots.at(idx).wr_id as u32,
         }
         self.live += 1;
         Some((idx as usize, stamp))
@@ -408,7 +453,7 @@ impl<T: Payload> Ledger<T> {
     #[inline(always)]
     fn fill(&mut self, idx: usize, stamp: u64, wr_id: u64, payload: T) -> u64 {
         self.heavy += usize::from(!payload.inert());
-        let slot = &mut self.slots[idx];
+        let slot = self.slots.at_mut(idx as u64);
         slot.stamp = stamp;
         slot.wr_id = wr_id;
         // Assigning the `ManuallyDrop` itself drops nothing: a ring slot
@@ -421,14 +466,14 @@ impl<T: Payload> Ledger<T> {
     /// to the end of the free list.
     #[inline(always)]
     fn free(&mut self, idx: usize) {
-        self.slots[idx].stamp = 0;
+        self.slots.at_mut(idx as u64).stamp = 0;
         self.live -= 1;
         if let Order::Free { first, last } = &mut self.order {
             if self.live + 1 == self.slots.len() {
                 // The list was empty: `idx` is all of it.
                 *first = idx as u32;
             } else {
-                self.slots[*last as usize].wr_id = idx as u64;
+                self.slots.at_mut(u64::from(*last)).wr_id = idx as u64;
             }
             *last = idx as u32;
         }
@@ -454,13 +499,13 @@ impl<T: Payload> Ledger<T> {
                     return None;
                 }
                 *head -= 1;
-                self.slots[idx].stamp = 0;
+                self.slots.at_mut(idx as u64).stamp = 0;
                 self.live -= 1;
             }
             Order::Free { first, last } => {
                 // Back to the front of the free list, where it came from.
                 let was_empty = self.live == self.slots.len();
-                let slot = &mut self.slots[idx];
+                let slot = self.slots.at_mut(idx as u64);
                 slot.stamp = 0;
                 let wr_id = std::mem::replace(&mut slot.wr_id, u64::from(*first));
                 if was_empty {
@@ -479,7 +524,7 @@ impl<T: Payload> Ledger<T> {
         if stamp + 1 == self.next {
             self.next = stamp;
         }
-        let slot = &mut self.slots[idx];
+        let slot = self.slots.at_mut(idx as u64);
         let p = slot.load.take()?;
         self.heavy -= usize::from(!p.inert());
         Some((slot.wr_id, p))
@@ -493,7 +538,7 @@ impl<T: Payload> Ledger<T> {
         }
         let stamp = tag & STAMP_MASK;
         let idx = stamp & self.mask;
-        let s = &self.slots[idx as usize];
+        let s = self.slots.at(idx);
         if stamp == 0 || s.stamp != stamp {
             return None;
         }
@@ -522,7 +567,7 @@ impl<T: Payload> Ledger<T> {
     /// Takes slot `idx`'s request and frees the slot.
     #[inline(always)]
     fn take(&mut self, idx: usize, own: bool) -> Option<Released<T>> {
-        let slot = &mut self.slots[idx];
+        let slot = self.slots.at_mut(idx as u64);
         let payload = slot.load.take()?;
         let wr_id = slot.wr_id;
         self.heavy -= usize::from(!payload.inert());
@@ -578,7 +623,7 @@ impl<T: Payload> Ledger<T> {
             return None;
         }
         let idx = (stamp & self.mask) as usize;
-        let slot = &mut self.slots[idx];
+        let slot = self.slots.at_mut(stamp);
         let wr_id = slot.wr_id;
         match &*slot.load {
             Some(payload) if pick(payload, wr_id) => {}
@@ -622,7 +667,7 @@ impl<T: Payload> Ledger<T> {
         // need no free list, just their stamps cleared.
         for k in 0..n {
             let i = ((tail + k) & self.mask) as usize;
-            let slot = &mut self.slots[i];
+            let slot = self.slots.at_mut(tail + k);
             slot.stamp = 0;
             if let Some(payload) = slot.load.take() {
                 self.heavy -= usize::from(!payload.inert());
@@ -657,7 +702,7 @@ impl<T: Payload> Ledger<T> {
                 }
             }
             Order::Free { .. } => {
-                let mut live: Vec<(u64, usize)> = (self.slots.iter().enumerate())
+                let mut live: Vec<(u64, usize)> = (self.slots.arr.iter().enumerate())
                     .filter(|(_, s)| s.stamp != 0)
                     .map(|(i, s)| (s.stamp, i))
                     .collect();
@@ -679,7 +724,7 @@ impl<T> Drop for Ledger<T> {
         if self.live == 0 {
             return;
         }
-        for s in self.slots.iter_mut() {
+        for s in self.slots.arr.iter_mut() {
             drop(s.load.take());
         }
     }
