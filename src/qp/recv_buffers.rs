@@ -287,7 +287,7 @@ impl RecvBuffers {
     /// Posts at most `n` free buffers (the ones freed last), as
     /// [`post`](Self::post) posts all of them; returns how many.
     #[doc(alias = "ibv_post_recv")]
-    #[inline]
+    #[inline(always)]
     pub fn post_up_to(&mut self, qp: &mut QueuePair, n: usize) -> Result<usize, PostError> {
         const VERB: &str = "ibv_post_recv";
         let n = self.free.len().min(n);
