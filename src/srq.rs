@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_counted, take_last, Owned, RawObject};
 use crate::pd::ProtectionDomain;
-use crate::qp::post_internal::{post_recv_chain, Kind, Ledger, Loan, RecvFacts, Scratch};
+use crate::qp::post_internal::{post_recv_chain, Kind, Loan, RecvFacts, RecvLedger, Scratch};
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
 use crate::users::{Tally, UserCounts, UserKind};
@@ -29,7 +29,7 @@ impl RawObject for sys::ibv_srq {
 /// module docs): a completion is accepted once, and only with a stamp this
 /// SRQ issued; and scratch space for building chains.
 struct SrqPending {
-    ledger: Ledger<Loan>,
+    ledger: RecvLedger<Loan>,
     scratch: Scratch<sys::ibv_recv_wr>,
 }
 
@@ -129,7 +129,7 @@ impl SharedReceiveQueue {
             users: UserCounts::new(),
             max_sge,
             pending: Mutex::new(SrqPending {
-                ledger: Ledger::new(Kind::Srq, slots),
+                ledger: RecvLedger::new(Kind::Srq, slots),
                 scratch: Scratch::new(),
             }),
             staging: Mutex::new(Vec::with_capacity(wrs)),

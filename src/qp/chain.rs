@@ -184,14 +184,14 @@ impl<'q, R: ChainLink> Room<'q, R> {
 /// panicked), it takes them back out, newest first: none reached the
 /// device, so no queue room is lost to requests never posted (their
 /// chunks are dropped with the unwinding, back to their region).
-pub(super) struct Chain<'q, R: ChainLink> {
-    pub(super) ledger: &'q mut Ledger<Loan>,
+pub(super) struct Chain<'q, R: ChainLink, const RING: bool> {
+    pub(super) ledger: &'q mut Ledger<Loan, RING>,
     pub(super) side: &'q mut Vec<SendLoan>,
     pub(super) scratch: Room<'q, R>,
     pub(super) n: usize,
 }
 
-impl<R: ChainLink> Chain<'_, R> {
+impl<R: ChainLink, const RING: bool> Chain<'_, R, RING> {
     /// Takes this call's requests back out of the ledger, newest first,
     /// and returns their owned chunks in request order.
     #[cold]
@@ -217,7 +217,7 @@ impl<R: ChainLink> Chain<'_, R> {
     }
 }
 
-impl<R: ChainLink> Drop for Chain<'_, R> {
+impl<R: ChainLink, const RING: bool> Drop for Chain<'_, R, RING> {
     fn drop(&mut self) {
         if self.n > 0 {
             drop(self.undo());
@@ -240,14 +240,14 @@ impl<R: ChainLink> Drop for Chain<'_, R> {
 /// [`PostError`]). An empty `reqs` calls nothing.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(super) fn post_chain<W, R: ChainLink>(
+pub(super) fn post_chain<W, R: ChainLink, const RING: bool>(
     verb: &'static str,
-    mut chain: Chain<'_, R>,
+    mut chain: Chain<'_, R, RING>,
     mut reqs: impl Iterator<Item = W>,
     ok: impl Fn(&W) -> bool,
     check: impl Fn(&W) -> Result<()>,
     fill: impl Fn(&W, &mut R, &mut [sys::ibv_sge]),
-    lend: impl Fn(&mut Ledger<Loan>, &mut Vec<SendLoan>, W) -> Result<u64, Loan>,
+    lend: impl Fn(&mut Ledger<Loan, RING>, &mut Vec<SendLoan>, W) -> Result<u64, Loan>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
     no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut R, &mut *mut R) -> c_int,
@@ -306,8 +306,8 @@ pub(super) fn provider_failed(verb: &'static str, rc: c_int, n: usize) -> PostEr
 /// (its chunks kept, after `back`'s), then this call's requests are taken
 /// back out; every chunk of the call, in request order, and how many
 /// requests the call had.
-fn take_apart<W, R: ChainLink>(
-    mut chain: Chain<'_, R>,
+fn take_apart<W, R: ChainLink, const RING: bool>(
+    mut chain: Chain<'_, R, RING>,
     mut back: Vec<Chunk>,
     rest: impl Iterator<Item = W>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
@@ -325,8 +325,8 @@ fn take_apart<W, R: ChainLink>(
 /// A request that failed its check: the call is refused whole.
 #[cold]
 #[inline(never)]
-fn refuse<W, R: ChainLink>(
-    chain: Chain<'_, R>,
+fn refuse<W, R: ChainLink, const RING: bool>(
+    chain: Chain<'_, R, RING>,
     error: Error,
     wr: W,
     rest: impl Iterator<Item = W>,
@@ -342,8 +342,8 @@ fn refuse<W, R: ChainLink>(
 /// counting every request of the call.
 #[cold]
 #[inline(never)]
-fn refuse_full<W, R: ChainLink>(
-    chain: Chain<'_, R>,
+fn refuse_full<W, R: ChainLink, const RING: bool>(
+    chain: Chain<'_, R, RING>,
     wr: W,
     rest: impl Iterator<Item = W>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
@@ -358,9 +358,9 @@ fn refuse_full<W, R: ChainLink>(
 /// No tags left (after 2^62 stamps): refused whole.
 #[cold]
 #[inline(never)]
-fn exhausted<W, R: ChainLink>(
+fn exhausted<W, R: ChainLink, const RING: bool>(
     verb: &'static str,
-    chain: Chain<'_, R>,
+    chain: Chain<'_, R, RING>,
     loan: Loan,
     rest: impl Iterator<Item = W>,
     give_back: impl Fn(W, &mut Vec<Chunk>),

@@ -258,19 +258,6 @@ pub(crate) struct Released<T> {
     pub(crate) slot: usize,
 }
 
-/// Where the next requests go.
-#[derive(Debug)]
-enum Order {
-    /// A send queue: requests complete in post order, so the outstanding
-    /// ones fill the slots `tail..head` (counting inserts, mod the slot
-    /// count) and a completion ends `tail` up to its own slot.
-    Ring { head: u64, tail: u64 },
-    /// A receive queue or SRQ: requests end in any order; free slots form a
-    /// first-in first-out list (through their `wr_id`), so that requests
-    /// ending in post order give the slots out in turn.
-    Free { first: u32, last: u32 },
-}
-
 /// The outstanding requests of one queue, keyed by tag.
 ///
 /// A request with stamp `s` lives in slot `s & mask`; stamps are chosen so
@@ -278,7 +265,12 @@ enum Order {
 /// first), so a completion finds its slot with one mask and proves it with
 /// one compare of the full stamp. Free slots have stamp 0, which is never
 /// issued (block 0 is never handed out).
-pub(crate) struct Ledger<T> {
+///
+/// The order is the type's (`RING`), so no call decides it at run time:
+/// a [`SendLedger`] is a ring, a [`RecvLedger`] (a receive queue's or an
+/// SRQ's) a free list.
+pub(crate) struct Ledger<T, const RING: bool> {
+    /// [`Kind::Send`] exactly when `RING`.
     kind: Kind,
     /// The most requests that may be outstanding at once.
     cap: usize,
@@ -288,13 +280,27 @@ pub(crate) struct Ledger<T> {
     live: usize,
     /// How many outstanding payloads are not [inert](Payload::inert).
     heavy: usize,
-    order: Order,
+    /// The ring (a send queue: requests complete in post order): the
+    /// outstanding requests fill the slots `tail..head` (counting inserts,
+    /// mod the slot count) and a completion ends `tail` up to its own slot.
+    head: u64,
+    tail: u64,
+    /// The free list (a receive queue or SRQ: requests end in any order):
+    /// its ends, linked first to last through the free slots' `wr_id`, so
+    /// that requests ending in post order give the slots out in turn.
+    first: u32,
+    last: u32,
     /// The next unused stamp of this queue's blocks, and their end.
     next: u64,
     end: u64,
 }
 
-impl<T> std::fmt::Debug for Ledger<T> {
+/// A send queue's ledger (a ring).
+pub(crate) type SendLedger<T> = Ledger<T, true>;
+/// A receive queue's or an SRQ's ledger (a free list).
+pub(crate) type RecvLedger<T> = Ledger<T, false>;
+
+impl<T, const RING: bool> std::fmt::Debug for Ledger<T, RING> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ledger")
             .field("kind", &self.kind)
@@ -304,19 +310,14 @@ impl<T> std::fmt::Debug for Ledger<T> {
     }
 }
 
-impl<T: Payload> Ledger<T> {
-    /// An empty ledger for a queue of `kind` holding up to `cap` requests.
+impl<T: Payload, const RING: bool> Ledger<T, RING> {
+    /// An empty ledger for a queue of `kind` holding up to `cap` requests
+    /// (`kind` is [`Kind::Send`] exactly for a [`SendLedger`]).
     /// Allocates everything it will ever need now (one array of slots).
     pub(crate) fn new(kind: Kind, cap: usize) -> Self {
+        debug_assert_eq!(RING, kind == Kind::Send, "a ring is a send queue's");
         let len = cap.max(1).next_power_of_two();
         let slots = Slots::new(len);
-        let order = match kind {
-            Kind::Send => Order::Ring { head: 0, tail: 0 },
-            Kind::Recv | Kind::Srq => Order::Free {
-                first: 0,
-                last: len as u32 - 1,
-            },
-        };
         Ledger {
             kind,
             cap,
@@ -324,7 +325,10 @@ impl<T: Payload> Ledger<T> {
             mask: len as u64 - 1,
             live: 0,
             heavy: 0,
-            order,
+            head: 0,
+            tail: 0,
+            first: 0,
+            last: len as u32 - 1,
             next: 0,
             end: 0,
         }
@@ -369,13 +373,10 @@ impl<T: Payload> Ledger<T> {
     /// which never reached the device; its stamp is issued again); `None`
     /// when none is outstanding or on a receive queue.
     pub(crate) fn pop_newest(&mut self) -> Option<Released<T>> {
-        let Order::Ring { head, .. } = self.order else {
-            return None;
-        };
-        if self.live == 0 {
+        if !RING || self.live == 0 {
             return None;
         }
-        let idx = (head.wrapping_sub(1) & self.mask) as usize;
+        let idx = (self.head.wrapping_sub(1) & self.mask) as usize;
         let tag = self.kind.tag(self.slots.at(idx as u64).stamp);
         let (wr_id, payload) = self.undo_last_entry(tag)?;
         Some(Released {
@@ -432,18 +433,20 @@ impl<T: Payload> Ledger<T> {
         if self.live >= self.cap {
             return None;
         }
-        let idx = match self.order {
-            Order::Ring { head, .. } => head & self.mask,
-            Order::Free { first, .. } => u64::from(first),
+        let idx = if RING {
+            self.head & self.mask
+        } else {
+            u64::from(self.first)
         };
         let stamp = self.stamp_for(idx).ok()?;
-        match &mut self.order {
-            Order::Ring { head, .. } => *head += 1,
+        if RING {
+            self.head += 1;
+        } else {
             // `live < cap <= slots`: the list is not empty, and its first
             // slot links the next (the last one's link is never followed
             // while it is the only free slot: `live` stops inserts first
             // when `cap` is the slot count).
-            Order::Free { first, .. } => *first = self.slots.at(idx).wr_id as u32,
+            self.first = self.slots.at(idx).wr_id as u32;
         }
         self.live += 1;
         Some((idx as usize, stamp))
@@ -468,14 +471,14 @@ impl<T: Payload> Ledger<T> {
     fn free(&mut self, idx: usize) {
         self.slots.at_mut(idx as u64).stamp = 0;
         self.live -= 1;
-        if let Order::Free { first, last } = &mut self.order {
+        if !RING {
             if self.live + 1 == self.slots.len() {
                 // The list was empty: `idx` is all of it.
-                *first = idx as u32;
+                self.first = idx as u32;
             } else {
-                self.slots.at_mut(u64::from(*last)).wr_id = idx as u64;
+                self.slots.at_mut(u64::from(self.last)).wr_id = idx as u64;
             }
-            *last = idx as u32;
+            self.last = idx as u32;
         }
     }
 
@@ -493,33 +496,32 @@ impl<T: Payload> Ledger<T> {
     pub(crate) fn undo_last_entry(&mut self, tag: u64) -> Option<(u64, T)> {
         let stamp = self.own_stamp(tag)?;
         let idx = (stamp & self.mask) as usize;
-        match &mut self.order {
-            Order::Ring { head, .. } => {
-                if (head.wrapping_sub(1) & self.mask) as usize != idx {
-                    return None;
-                }
-                *head -= 1;
-                self.slots.at_mut(idx as u64).stamp = 0;
-                self.live -= 1;
+        if RING {
+            if (self.head.wrapping_sub(1) & self.mask) as usize != idx {
+                return None;
             }
-            Order::Free { first, last } => {
-                // Back to the front of the free list, where it came from.
-                let was_empty = self.live == self.slots.len();
-                let slot = self.slots.at_mut(idx as u64);
-                slot.stamp = 0;
-                let wr_id = std::mem::replace(&mut slot.wr_id, u64::from(*first));
-                if was_empty {
-                    *last = idx as u32;
-                }
-                *first = idx as u32;
-                self.live -= 1;
-                let payload = slot.load.take()?;
-                self.heavy -= usize::from(!payload.inert());
-                if stamp + 1 == self.next {
-                    self.next = stamp;
-                }
-                return Some((wr_id, payload));
+            self.head -= 1;
+            self.slots.at_mut(idx as u64).stamp = 0;
+            self.live -= 1;
+        } else {
+            // Back to the front of the free list, where it came from.
+            let was_empty = self.live == self.slots.len();
+            let first = u64::from(self.first);
+            let slot = self.slots.at_mut(idx as u64);
+            slot.stamp = 0;
+            let wr_id = std::mem::replace(&mut slot.wr_id, first);
+            let payload = slot.load.take();
+            if was_empty {
+                self.last = idx as u32;
             }
+            self.first = idx as u32;
+            self.live -= 1;
+            let payload = payload?;
+            self.heavy -= usize::from(!payload.inert());
+            if stamp + 1 == self.next {
+                self.next = stamp;
+            }
+            return Some((wr_id, payload));
         }
         if stamp + 1 == self.next {
             self.next = stamp;
@@ -542,13 +544,12 @@ impl<T: Payload> Ledger<T> {
         if stamp == 0 || s.stamp != stamp {
             return None;
         }
-        match self.order {
+        if RING {
             // Only slots of the window `tail..head` hold outstanding
             // requests (the others may keep a stale stamp).
-            Order::Ring { tail, .. } => {
-                (idx.wrapping_sub(tail) & self.mask < self.live as u64).then_some(stamp)
-            }
-            Order::Free { .. } => Some(stamp),
+            (idx.wrapping_sub(self.tail) & self.mask < self.live as u64).then_some(stamp)
+        } else {
+            Some(stamp)
         }
     }
 
@@ -586,11 +587,11 @@ impl<T: Payload> Ledger<T> {
     /// completions end earlier requests too (use `complete` there).
     #[inline(always)]
     pub(crate) fn take_tag(&mut self, tag: u64) -> Option<Released<T>> {
-        let stamp = self.own_stamp(tag)?;
-        match self.order {
-            Order::Free { .. } => self.take((stamp & self.mask) as usize, true),
-            Order::Ring { .. } => None,
+        if RING {
+            return None;
         }
+        let stamp = self.own_stamp(tag)?;
+        self.take((stamp & self.mask) as usize, true)
     }
 
     /// [`complete`](Self::complete) for a caller that needs only the
@@ -618,10 +619,10 @@ impl<T: Payload> Ledger<T> {
     /// `None`, with nothing changed, otherwise.
     #[inline(always)]
     pub(crate) fn take_if(&mut self, tag: u64, pick: impl FnOnce(&T, u64) -> bool) -> Option<u64> {
-        let stamp = self.own_stamp(tag)?;
-        if !matches!(self.order, Order::Free { .. }) {
+        if RING {
             return None;
         }
+        let stamp = self.own_stamp(tag)?;
         let idx = (stamp & self.mask) as usize;
         let slot = self.slots.at_mut(stamp);
         let wr_id = slot.wr_id;
@@ -644,20 +645,19 @@ impl<T: Payload> Ledger<T> {
             return 0;
         };
         let idx = (stamp & self.mask) as usize;
-        let Order::Ring { tail, .. } = self.order else {
+        if !RING {
             return self.take(idx, true).map_or(0, |r| {
                 f(r);
                 1
             });
-        };
+        }
+        let tail = self.tail;
         // Send queues complete in order: everything from the tail up to
         // the request's own slot is done (all of it outstanding: the slots
         // `tail..head` hold exactly the outstanding requests).
         let n = ((idx as u64).wrapping_sub(tail) & self.mask) + 1;
         self.live -= n as usize;
-        if let Order::Ring { tail, .. } = &mut self.order {
-            *tail += n;
-        }
+        self.tail += n;
         // Every outstanding payload is inert: the passed slots need no
         // visit (the window rule never reads them again).
         if quiet && self.heavy == 0 {
@@ -689,28 +689,24 @@ impl<T: Payload> Ledger<T> {
             return 0;
         }
         let n = self.live;
-        match self.order {
-            Order::Ring { tail, .. } => {
-                for k in 0..n as u64 {
-                    let i = ((tail + k) & self.mask) as usize;
-                    if let Some(r) = self.take(i, false) {
-                        f(r);
-                    }
-                }
-                if let Order::Ring { tail, .. } = &mut self.order {
-                    *tail += n as u64;
+        if RING {
+            let tail = self.tail;
+            for k in 0..n as u64 {
+                let i = ((tail + k) & self.mask) as usize;
+                if let Some(r) = self.take(i, false) {
+                    f(r);
                 }
             }
-            Order::Free { .. } => {
-                let mut live: Vec<(u64, usize)> = (self.slots.arr.iter().enumerate())
-                    .filter(|(_, s)| s.stamp != 0)
-                    .map(|(i, s)| (s.stamp, i))
-                    .collect();
-                live.sort_unstable();
-                for (_, i) in live {
-                    if let Some(r) = self.take(i, false) {
-                        f(r);
-                    }
+            self.tail += n as u64;
+        } else {
+            let mut live: Vec<(u64, usize)> = (self.slots.arr.iter().enumerate())
+                .filter(|(_, s)| s.stamp != 0)
+                .map(|(i, s)| (s.stamp, i))
+                .collect();
+            live.sort_unstable();
+            for (_, i) in live {
+                if let Some(r) = self.take(i, false) {
+                    f(r);
                 }
             }
         }
@@ -718,7 +714,7 @@ impl<T: Payload> Ledger<T> {
     }
 }
 
-impl<T> Drop for Ledger<T> {
+impl<T, const RING: bool> Drop for Ledger<T, RING> {
     /// Drops what is still outstanding; an empty ledger visits no slot.
     fn drop(&mut self) {
         if self.live == 0 {
@@ -729,6 +725,9 @@ impl<T> Drop for Ledger<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod any;
 
 #[cfg(test)]
 mod proptests;

@@ -55,7 +55,7 @@ pub(crate) mod post_internal {
     pub(crate) use super::check::RecvFacts;
     pub(crate) use super::completed::sealed::Sealed as CompletionSealed;
     pub(crate) use super::entries::{Loan, SendLoan};
-    pub(crate) use super::ledger::{Kind, Ledger};
+    pub(crate) use super::ledger::{Kind, RecvLedger};
     pub(crate) use super::post::{chain_room, leaked_batch, post_recv_chain};
 }
 mod query;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::entries::Loan;
-use super::ledger::Ledger;
+use super::ledger::SendLedger;
 use super::post::Pending;
 use super::template::{RawWr, SendTemplate};
 use crate::mr::SharedChunk;
@@ -63,7 +63,7 @@ impl Pin {
     /// (a template dropped from now on keeps nothing here); whether it is
     /// now an orphan.
     #[inline(always)]
-    fn settle(&mut self, send: &Ledger<Loan>, idle: bool) -> bool {
+    fn settle(&mut self, send: &SendLedger<Loan>, idle: bool) -> bool {
         if self.active && (idle || !send.outstanding(self.last)) {
             self.active = false;
             self.keeper.active.store(false, Ordering::Release);

@@ -104,7 +104,7 @@ use super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack, CHAIN_RO
 use super::check::{RecvFacts, SendFacts};
 use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
-use super::ledger::{Kind, Ledger, Released};
+use super::ledger::{Kind, Ledger, RecvLedger, Released, SendLedger};
 use super::pin::Pin;
 use super::recv_buffers::PoolPin;
 
@@ -121,8 +121,8 @@ pub(super) use recv::recv_queue_full;
 /// Outstanding requests of one QP, requests handed back by a RESET, the
 /// raw requests posts are filled into, and the facts the checks need.
 pub(crate) struct Pending {
-    pub(super) send: Ledger<Loan>,
-    recv: Ledger<Loan>,
+    pub(super) send: SendLedger<Loan>,
+    recv: RecvLedger<Loan>,
     /// Per send slot: what a UD send or a memory-window request lends
     /// beside its entries ([`Loan::Side`]). Empty until a QP first needs it
     /// (UD QPs: at creation), then one entry per send slot.
@@ -218,12 +218,12 @@ impl Pending {
 
     /// The send ledger and the side table at once (disjoint borrows).
     #[inline]
-    pub(super) fn send_and_side(&mut self) -> (&mut Ledger<Loan>, &mut [SendLoan]) {
+    pub(super) fn send_and_side(&mut self) -> (&mut SendLedger<Loan>, &mut [SendLoan]) {
         (&mut self.send, &mut self.side)
     }
 
     #[inline]
-    pub(super) fn recv_mut(&mut self) -> &mut Ledger<Loan> {
+    pub(super) fn recv_mut(&mut self) -> &mut RecvLedger<Loan> {
         &mut self.recv
     }
 
@@ -246,7 +246,7 @@ impl Pending {
 
     /// The receive ledger and the facts a receive is checked against.
     #[inline]
-    pub(super) fn recv_and_facts(&mut self) -> (&mut Ledger<Loan>, &mut RecvFacts) {
+    pub(super) fn recv_and_facts(&mut self) -> (&mut RecvLedger<Loan>, &mut RecvFacts) {
         (&mut self.recv, &mut self.recv_facts)
     }
 
@@ -638,7 +638,7 @@ pub(super) fn fill_op(op: &SendOp, raw: &mut sys::ibv_send_wr) {
 /// the side table); its tag, or its loan back.
 #[inline(always)]
 fn lend_send(
-    ledger: &mut Ledger<Loan>,
+    ledger: &mut SendLedger<Loan>,
     side: &mut Vec<SendLoan>,
     wr: SendWr<'_>,
 ) -> Result<u64, Loan> {
@@ -657,7 +657,7 @@ fn lend_send(
 /// first use); its tag, or the loan back.
 #[inline(never)]
 fn lend_side(
-    ledger: &mut Ledger<Loan>,
+    ledger: &mut SendLedger<Loan>,
     side: &mut Vec<SendLoan>,
     wr_id: u64,
     loan: SendLoan,

@@ -40,6 +40,7 @@ use std::collections::{HashSet, VecDeque};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
+use super::any::AnyLedger as Ledger;
 use super::*;
 
 /// The kinds of the five queues; their capacities are generated.
@@ -336,10 +337,7 @@ impl World {
                 self.ledgers[q] = Ledger::new(m.kind, m.cap);
             }
             Op::NearBlockEnd { q, left } => {
-                let l = &mut self.ledgers[q];
-                if l.end != 0 {
-                    l.next = l.next.max(l.end - left);
-                }
+                self.ledgers[q].near_block_end(left);
             }
         }
         self.check_invariants()

@@ -1,5 +1,6 @@
 //! Unit tests of the ledger, and the randomized state-machine test.
 
+use super::any::AnyLedger as Ledger;
 use super::*;
 use std::collections::BTreeMap;
 use std::collections::VecDeque;

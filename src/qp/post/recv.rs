@@ -8,7 +8,7 @@ use super::super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack};
 use super::super::check::RecvFacts;
 use super::super::completed::PostError;
 use super::super::entries::Loan;
-use super::super::ledger::Ledger;
+use super::super::ledger::RecvLedger;
 use super::super::request::RecvWr;
 use super::super::{QpState, QueuePair};
 use super::fail;
@@ -201,7 +201,7 @@ fn fill_recv(wr: &RecvWr, raw: &mut sys::ibv_recv_wr, sges: &mut [sys::ibv_sge])
 #[inline]
 pub(crate) fn post_recv_chain(
     verb: &'static str,
-    ledger: &mut Ledger<Loan>,
+    ledger: &mut RecvLedger<Loan>,
     scratch: &mut Scratch<sys::ibv_recv_wr>,
     facts: &RecvFacts,
     reqs: impl Iterator<Item = RecvWr>,
