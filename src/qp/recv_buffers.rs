@@ -724,11 +724,13 @@ fn pool_refused(
 
 impl Received<'_> {
     /// Whether the receive succeeded (otherwise it holds no bytes).
+    #[inline]
     pub fn is_success(&self) -> bool {
         self.ok
     }
 
     /// The buffer's index in its pool.
+    #[inline]
     pub fn index(&self) -> u32 {
         self.index
     }
@@ -737,6 +739,7 @@ impl Received<'_> {
 impl std::ops::Deref for Received<'_> {
     type Target = [u8];
 
+    #[inline]
     fn deref(&self) -> &[u8] {
         match &self.pool.chunks[self.index as usize] {
             Some(c) => &c.as_slice()[..self.len],
@@ -747,6 +750,7 @@ impl std::ops::Deref for Received<'_> {
 
 impl Drop for Received<'_> {
     /// The buffer is free to be posted again.
+    #[inline]
     fn drop(&mut self) {
         self.pool.free.push(self.index);
     }
