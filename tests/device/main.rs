@@ -21,6 +21,7 @@ mod port_cache;
 mod qp;
 mod recv_model;
 mod remote;
+mod template_pins;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
@@ -33,6 +34,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(by_value::TESTS);
+    tests.extend_from_slice(template_pins::TESTS);
     tests.extend_from_slice(recv_model::TESTS);
     tests.extend_from_slice(ex::TESTS);
     tests.extend_from_slice(mw::TESTS);
