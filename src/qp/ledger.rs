@@ -274,9 +274,8 @@ pub(crate) struct Ledger<T, const RING: bool> {
     kind: Kind,
     /// The most requests that may be outstanding at once.
     cap: usize,
-    /// A power of two, at least `cap`.
+    /// A power of two, at least `cap` (their count less one: `slots.mask`).
     slots: Slots<T>,
-    mask: u64,
     live: usize,
     /// How many outstanding payloads are not [inert](Payload::inert).
     heavy: usize,
@@ -322,7 +321,6 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             kind,
             cap,
             slots,
-            mask: len as u64 - 1,
             live: 0,
             heavy: 0,
             head: 0,
@@ -361,7 +359,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// The slot a tag of this ledger lives in (whether outstanding or not).
     #[inline]
     pub(crate) fn slot_of(&self, tag: u64) -> usize {
-        (tag & STAMP_MASK & self.mask) as usize
+        (tag & STAMP_MASK & self.slots.mask) as usize
     }
 
     /// Bytes of the slot array.
@@ -376,7 +374,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if !RING || self.live == 0 {
             return None;
         }
-        let idx = (self.head.wrapping_sub(1) & self.mask) as usize;
+        let idx = (self.head.wrapping_sub(1) & self.slots.mask) as usize;
         let tag = self.kind.tag(self.slots.at(idx as u64).stamp);
         let (wr_id, payload) = self.undo_last_entry(tag)?;
         Some(Released {
@@ -392,9 +390,9 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// blocks when those are used up.
     #[inline(always)]
     fn stamp_for(&mut self, idx: u64) -> Result<u64, Exhausted> {
-        let mut s = self.next + (idx.wrapping_sub(self.next) & self.mask);
+        let mut s = self.next + (idx.wrapping_sub(self.next) & self.slots.mask);
         if s >= self.end {
-            let (first, end) = new_blocks(self.mask, idx)?;
+            let (first, end) = new_blocks(self.slots.mask, idx)?;
             s = first;
             self.end = end;
         }
@@ -434,7 +432,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let idx = if RING {
-            self.head & self.mask
+            self.head & self.slots.mask
         } else {
             u64::from(self.first)
         };
@@ -470,6 +468,12 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     #[inline(always)]
     fn free(&mut self, idx: usize) {
         self.slots.at_mut(idx as u64).stamp = 0;
+        self.unlink(idx);
+    }
+
+    /// [`free`](Self::free) of a slot whose stamp the caller cleared.
+    #[inline(always)]
+    fn unlink(&mut self, idx: usize) {
         self.live -= 1;
         if !RING {
             if self.live + 1 == self.slots.len() {
@@ -495,9 +499,9 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// [`undo_last`](Self::undo_last), also giving the caller's `wr_id`.
     pub(crate) fn undo_last_entry(&mut self, tag: u64) -> Option<(u64, T)> {
         let stamp = self.own_stamp(tag)?;
-        let idx = (stamp & self.mask) as usize;
+        let idx = (stamp & self.slots.mask) as usize;
         if RING {
-            if (self.head.wrapping_sub(1) & self.mask) as usize != idx {
+            if (self.head.wrapping_sub(1) & self.slots.mask) as usize != idx {
                 return None;
             }
             self.head -= 1;
@@ -539,7 +543,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = tag & STAMP_MASK;
-        let idx = stamp & self.mask;
+        let idx = stamp & self.slots.mask;
         let s = self.slots.at(idx);
         if stamp == 0 || s.stamp != stamp {
             return None;
@@ -547,7 +551,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if RING {
             // Only slots of the window `tail..head` hold outstanding
             // requests (the others may keep a stale stamp).
-            (idx.wrapping_sub(self.tail) & self.mask < self.live as u64).then_some(stamp)
+            (idx.wrapping_sub(self.tail) & self.slots.mask < self.live as u64).then_some(stamp)
         } else {
             Some(stamp)
         }
@@ -591,7 +595,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = self.own_stamp(tag)?;
-        self.take((stamp & self.mask) as usize, true)
+        self.take((stamp & self.slots.mask) as usize, true)
     }
 
     /// [`complete`](Self::complete) for a caller that needs only the
@@ -623,7 +627,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = self.own_stamp(tag)?;
-        let idx = (stamp & self.mask) as usize;
+        let idx = (stamp & self.slots.mask) as usize;
         let slot = self.slots.at_mut(stamp);
         let wr_id = slot.wr_id;
         match &*slot.load {
@@ -633,7 +637,8 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         // Inert (the caller's promise): forgetting it loses nothing, and
         // `heavy` did not count it.
         slot.load = ManuallyDrop::new(None);
-        self.free(idx);
+        slot.stamp = 0;
+        self.unlink(idx);
         Some(wr_id)
     }
 
@@ -644,7 +649,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         let Some(stamp) = self.own_stamp(tag) else {
             return 0;
         };
-        let idx = (stamp & self.mask) as usize;
+        let idx = (stamp & self.slots.mask) as usize;
         if !RING {
             return self.take(idx, true).map_or(0, |r| {
                 f(r);
@@ -655,7 +660,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         // Send queues complete in order: everything from the tail up to
         // the request's own slot is done (all of it outstanding: the slots
         // `tail..head` hold exactly the outstanding requests).
-        let n = ((idx as u64).wrapping_sub(tail) & self.mask) + 1;
+        let n = ((idx as u64).wrapping_sub(tail) & self.slots.mask) + 1;
         self.live -= n as usize;
         self.tail += n;
         // Every outstanding payload is inert: the passed slots need no
@@ -666,7 +671,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         // One call site of `f`, so that it is inlined; the ring's slots
         // need no free list, just their stamps cleared.
         for k in 0..n {
-            let i = ((tail + k) & self.mask) as usize;
+            let i = ((tail + k) & self.slots.mask) as usize;
             let slot = self.slots.at_mut(tail + k);
             slot.stamp = 0;
             if let Some(payload) = slot.load.take() {
@@ -692,7 +697,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if RING {
             let tail = self.tail;
             for k in 0..n as u64 {
-                let i = ((tail + k) & self.mask) as usize;
+                let i = ((tail + k) & self.slots.mask) as usize;
                 if let Some(r) = self.take(i, false) {
                     f(r);
                 }
