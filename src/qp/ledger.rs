@@ -57,6 +57,14 @@
 //! payload (what the request lent). A request with stamp `s` lives in
 //! slot `s & mask`; a free slot has stamp 0, which is never issued.
 //!
+//! * **Every slot index is a number masked to the array.** The array has
+//!   `mask + 1` slots from its creation to its drop (`Slots`), and every
+//!   look-up takes its index as `x & mask`, so none can be out of bounds;
+//!   that is the one `unsafe` of the ledger (`Slots::at`, no bounds check),
+//!   and the unit tests run every look-up with a debug assertion of it.
+//! * **The order is the type's.** A [`SendLedger`] is a ring, a
+//!   [`RecvLedger`] a free list (`Ledger<T, RING>`): no call chooses
+//!   between them at run time.
 //! * **Send queues are a ring.** Requests are inserted at `head` and, as
 //!   send queues complete in order, leave from `tail`: the outstanding
 //!   requests are exactly the slots `tail..head`. The stamp of the request

@@ -149,10 +149,10 @@ struct RawRecvs {
     sges: Vec<sys::ibv_sge>,
 }
 
-// SAFETY: the raw pointers in `wrs` (`sg_list`, `next`) point into the
-// struct's own arrays and are followed only by the provider, during a post
-// call made through `&mut RecvBuffers`; nothing in them is tied to a
-// thread.
+// The raw pointers in `wrs` (`sg_list`, `next`) point into the struct's
+// own arrays and are followed only by the provider, during a post call
+// made through `&mut RecvBuffers`.
+// SAFETY: nothing in them is tied to a thread (above).
 unsafe impl Send for RawRecvs {}
 // SAFETY: `&RawRecvs` gives no access to anything (only `&mut` posts).
 unsafe impl Sync for RawRecvs {}
@@ -322,10 +322,10 @@ impl RecvBuffers {
                 self.state[i] = Where::Here;
                 return Err(self.undo_post(qp, start, k, Error::TagsExhausted { verb: VERB }));
             };
-            // SAFETY: `i` < the buffer count, the length of both arrays
-            // (a free index is one of the pool's: `state[i]` exists); the
-            // pointers come from the arrays' own and are written through
-            // only here, while `&mut self` is held.
+            // `i` < the buffer count, the length of both arrays (a free
+            // index is one of the pool's: `state[i]` exists); the pointers
+            // come from the arrays' own.
+            // SAFETY: in bounds, written through only here, under `&mut self`.
             unsafe {
                 let w = wrs.add(i);
                 (*w).wr_id = tag;
@@ -342,15 +342,16 @@ impl RecvBuffers {
         qp.pending_mut().pool_posted(self.id, &self.mr.0, n);
         self.free.truncate(start);
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: a live QP; `head` starts a NULL-terminated chain of the
-        // `n` requests linked above, in this pool's arrays (borrowed for
-        // the call), each with one entry naming a buffer of the pool's
-        // region, which is of the QP's PD and registered with LOCAL_WRITE
-        // (checked by `pool_refusal`). The ledger holds each buffer's
-        // record, and the QP's pin the region, from here until the device
-        // is done with it (its completion, a RESET, the QP's destruction),
-        // whatever the provider returns, so the region stays registered,
-        // and the buffer is marked posted (unread) meanwhile.
+        // `head` starts a NULL-terminated chain of the `n` requests linked
+        // above, in this pool's arrays (borrowed for the call), each with
+        // one entry naming a buffer of the pool's region, which is of the
+        // QP's PD and registered with LOCAL_WRITE (checked by
+        // `pool_refusal`). The ledger holds each buffer's record, and the
+        // QP's pin the region, from here until the device is done with it
+        // (its completion, a RESET, the QP's destruction), whatever the
+        // provider returns, so the region stays registered, and the buffer
+        // is marked posted (unread) meanwhile.
+        // SAFETY: a live QP and a chain valid for as long as the device uses it.
         let rc = unsafe { sys::ibv_post_recv(qp.as_ptr(), wrs.add(head), &mut bad) };
         if rc != 0 {
             return Err(super::chain::provider_failed(VERB, rc, n));

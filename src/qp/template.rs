@@ -69,11 +69,11 @@ pub struct SendTemplate {
 #[derive(Clone, Copy)]
 pub(super) struct RawWr(pub(super) sys::ibv_send_wr);
 
-// SAFETY: the template's request has only NULL pointers, never followed:
-// posts copy it and point the copy at their own entry. A pin's copy has
+// The template's request has only NULL pointers, never followed: posts
+// copy it and point the copy at their own entry. A pin's copy has
 // `sg_list` set only by a post (through `&mut QueuePair`), just before the
-// provider follows it during that call; between posts it is never
-// followed. Nothing in it is tied to a thread.
+// provider follows it during that call; between posts it is never followed.
+// SAFETY: nothing in it is tied to a thread (above).
 unsafe impl Send for RawWr {}
 // SAFETY: as for `Send`; shared use only reads (copies) it.
 unsafe impl Sync for RawWr {}
@@ -301,11 +301,12 @@ impl QueuePair {
             let pin = p.pin_mut(t);
             pin.posted(tag);
             let wr = pin.raw_for(tag, signaled);
-            // SAFETY: a live QP; `wr` is the pin's one request (`next`
-            // NULL), whose one entry is the pin's (`raw_for` points it
-            // there; the pin is not touched until the call returns) and
-            // names the template's source, which the pin keeps alive until
-            // the request is no longer outstanding (`posted` above).
+            // `wr` is the pin's one request (`next` NULL), whose one entry is
+            // the pin's (`raw_for` points it there; the pin is not touched
+            // until the call returns) and names the template's source, which
+            // the pin keeps alive until the request is no longer outstanding
+            // (`posted` above).
+            // SAFETY: a live QP and a request valid for the call (above).
             unsafe { sys::ibv_post_send(qp, wr, &mut bad) }
         } else {
             let mut wr = t.raw(signaled);

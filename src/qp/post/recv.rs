@@ -115,11 +115,11 @@ impl QueuePair {
             raw.sg_list = &mut sge;
         }
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: a live QP; `raw` is one request (`next` NULL) whose entry,
-        // if any, lives on this stack frame for the call and names the
-        // chunk the ledger now holds (checked: of this PD, writable by the
-        // device) until the device is done with it, whatever the provider
-        // returns.
+        // `raw` is one request (`next` NULL) whose entry, if any, lives on
+        // this stack frame for the call and names the chunk the ledger now
+        // holds (checked: of this PD, writable by the device) until the
+        // device is done with it, whatever the provider returns.
+        // SAFETY: a live QP, and a request valid for the call (above).
         let rc = unsafe { sys::ibv_post_recv(qp, &mut raw, &mut bad) };
         if rc != 0 {
             return Err(super::super::chain::provider_failed(VERB, rc, 1));
