@@ -63,7 +63,8 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ),
 ];
 
-fn caps() -> QpCaps {
+/// The QPs of these tests (and of `template_pins`): 16 requests each way.
+pub(crate) fn caps() -> QpCaps {
     QpCaps {
         max_send_wr: 16,
         max_recv_wr: 16,

@@ -9,20 +9,13 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, QpType, SharedChunk};
 
+use crate::by_value::caps;
 use crate::common::{pair, poll_n, Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[(
     "template_pins::each_template_posts_its_own_request_on_a_shared_qp",
     own_requests,
 )];
-
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        ..QpCaps::default()
-    }
-}
 
 /// Posts `t` once (signalled) as request `id` and checks that its one
 /// completion ends exactly that request.
