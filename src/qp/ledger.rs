@@ -613,7 +613,30 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// otherwise `f` is called as `complete` calls it.
     #[inline(always)]
     pub(crate) fn complete_quiet(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
-        self.end(tag, true, f)
+        match self.complete_light(tag) {
+            Some(n) => n,
+            None => self.end(tag, true, f),
+        }
+    }
+
+    /// [`complete_quiet`](Self::complete_quiet) of a send queue whose
+    /// outstanding payloads are all inert: `Some` of how many requests the
+    /// completion ended (the tail moved past them, no slot visited, no
+    /// callback needed: callers build none), `None` otherwise (a receive
+    /// queue, or a payload that needs its visit).
+    #[inline(always)]
+    pub(crate) fn complete_light(&mut self, tag: u64) -> Option<usize> {
+        if !RING || self.heavy != 0 {
+            return None;
+        }
+        let Some(stamp) = self.own_stamp(tag) else {
+            return Some(0);
+        };
+        // As `end`: the tail up to the request's own slot.
+        let n = (stamp.wrapping_sub(self.tail) & self.slots.mask) + 1;
+        self.live -= n as usize;
+        self.tail += n;
+        Some(n as usize)
     }
 
     /// Ends what the completion with `tag` ends, calling `f` for each

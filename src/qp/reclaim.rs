@@ -23,6 +23,35 @@ impl Pending {
         ok: bool,
         on: &mut impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
+        // The common quiet case (only inert payloads outstanding) first,
+        // before any callback is built.
+        let light = if QUIET {
+            self.send.complete_light(tag)
+        } else {
+            None
+        };
+        let n = match light {
+            Some(n) => n,
+            None => self.complete_send_each::<QUIET>(tag, ok, on),
+        };
+        // The template sources no outstanding request (and no template)
+        // needs any more go back now, as a request's own handle would.
+        if n > 0 && !self.pins.is_empty() {
+            self.settle_pins();
+        }
+        n
+    }
+
+    /// [`complete_send`](Self::complete_send)'s walk: `on` for each
+    /// request handed back (every one, or with `QUIET` those that lent
+    /// something).
+    #[inline(always)]
+    fn complete_send_each<const QUIET: bool>(
+        &mut self,
+        tag: u64,
+        ok: bool,
+        on: &mut impl FnMut(u64, bool, Kind, Loan),
+    ) -> usize {
         let (send, side) = self.send_and_side();
         let each = |r: super::ledger::Released<Loan>| {
             let loan = match r.payload {
@@ -31,17 +60,11 @@ impl Pending {
             };
             on(r.wr_id, r.own, Kind::Send, loan)
         };
-        let n = if QUIET {
+        if QUIET {
             send.complete_quiet(tag, each)
         } else {
             send.complete(tag, each)
-        };
-        // The template sources no outstanding request (and no template)
-        // needs any more go back now, as a request's own handle would.
-        if n > 0 && !self.pins.is_empty() {
-            self.settle_pins();
         }
-        n
     }
 
     /// Ends the receive completion `tag` names.
