@@ -201,9 +201,10 @@ impl<S: Submit> SafePath<S> {
 }
 
 /// A receive of `--recv-buffers`: the bytes are lent until the end of
-/// this call (out of line, so that the chunk path's completions stay as
-/// they were).
-#[inline(never)]
+/// this call (inline in `completions`, as a program writes the match in
+/// its loop: 13 instructions per operation fewer than out of line, and
+/// the chunk path's completions 8 fewer).
+#[inline(always)]
 fn take_recv(bufs: &mut RecvBuffers, qp: &mut QueuePair, wc: &WorkCompletion) -> Res<u64> {
     match bufs.take(qp, wc) {
         Taken::Mine(msg) => Ok(u64::from(msg.is_success())),
