@@ -70,9 +70,7 @@ impl Pin {
         }
         self.orphan()
     }
-}
 
-impl Pin {
     /// Marks the pin as holding requests up to tag `last` (kept by the
     /// ledger), before the post call returns.
     #[inline(always)]
@@ -118,10 +116,7 @@ impl Pending {
     /// The QP's pin of template `t`, made if there is none.
     #[inline(always)]
     pub(super) fn pin_mut(&mut self, t: &SendTemplate) -> &mut Pin {
-        let i = match self.pins.first() {
-            Some(p) if Arc::ptr_eq(&p.keeper, &t.keeper) => 0,
-            _ => self.pin_other(t),
-        };
+        let i = self.pin(t);
         &mut self.pins[i]
     }
 
