@@ -209,11 +209,13 @@ struct Slots<T> {
 }
 
 impl<T> Slots<T> {
-    /// `len` (a power of two) free slots; the free list links slot i to
-    /// i + 1 (the ring ignores the links).
+    /// `len` (a power of two) free slots, at least one; the free list
+    /// links slot i to i + 1 (the ring ignores the links).
     fn new(len: usize) -> Self {
-        debug_assert!(len.is_power_of_two());
-        let arr: Box<[Slot<T>]> = (0..len)
+        debug_assert!(len.max(1).is_power_of_two());
+        // At least one slot, so that `mask` is `arr.len() - 1` whatever
+        // the caller passed (and `x & mask` always a slot of the array).
+        let arr: Box<[Slot<T>]> = (0..len.max(1))
             .map(|i| Slot {
                 stamp: 0,
                 wr_id: (i + 1) as u64,
@@ -236,9 +238,9 @@ impl<T> Slots<T> {
     fn at(&self, x: u64) -> &Slot<T> {
         let i = (x & self.mask) as usize;
         debug_assert!(i < self.arr.len());
-        // SAFETY: `i <= mask`, and `arr.len() == mask + 1` (both set in
-        // `new` from the same array, neither ever changed), so `i` is in
-        // bounds.
+        // `i <= mask`, and `arr.len() == mask + 1` (both set in `new`
+        // from the same non-empty array, neither ever changed).
+        // SAFETY: so `i` is in bounds.
         unsafe { self.arr.get_unchecked(i) }
     }
 

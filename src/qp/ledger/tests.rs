@@ -6,6 +6,21 @@ use std::collections::BTreeMap;
 use std::collections::VecDeque;
 
 #[test]
+fn slot_arrays_are_never_empty_and_every_number_names_one_of_their_slots() {
+    // `Slots::at` skips the bounds check: any number, with any array
+    // length a caller may pass (0 included), must name a slot of it.
+    for len in [0, 1, 2, 8] {
+        let mut s: Slots<()> = Slots::new(len);
+        assert_eq!(s.len(), len.max(1));
+        for x in [0, 1, 7, 8, 1 << 40, u64::MAX] {
+            s.at_mut(x).stamp = x;
+            assert_eq!(s.at(x).stamp, x);
+            assert_eq!(s.at(x & s.mask).stamp, x);
+        }
+    }
+}
+
+#[test]
 fn tags_carry_their_kind_and_are_never_zero() {
     for kind in [Kind::Send, Kind::Recv, Kind::Srq] {
         let mut l = Ledger::new(kind, 4);
