@@ -617,7 +617,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     pub(crate) fn complete_quiet(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
         match self.complete_light(tag) {
             Some(n) => n,
-            None => self.end(tag, true, f),
+            None => self.end(tag, f),
         }
     }
 
@@ -646,7 +646,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// another kind or queue, or one already ended, ends nothing.
     #[inline(always)]
     pub(crate) fn complete(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {
-        self.end(tag, false, f)
+        self.end(tag, f)
     }
 
     /// On a receive queue or an SRQ (free list): takes the request `tag`
@@ -675,10 +675,12 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         Some(wr_id)
     }
 
-    /// [`complete`](Self::complete), or with `quiet`
-    /// [`complete_quiet`](Self::complete_quiet).
+    /// [`complete`](Self::complete), and
+    /// [`complete_quiet`](Self::complete_quiet) when some payload needs
+    /// its visit (the quiet case with none is
+    /// [`complete_light`](Self::complete_light)'s).
     #[inline(always)]
-    fn end(&mut self, tag: u64, quiet: bool, mut f: impl FnMut(Released<T>)) -> usize {
+    fn end(&mut self, tag: u64, mut f: impl FnMut(Released<T>)) -> usize {
         let Some(stamp) = self.own_stamp(tag) else {
             return 0;
         };
@@ -696,11 +698,6 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         let n = ((idx as u64).wrapping_sub(tail) & self.slots.mask) + 1;
         self.live -= n as usize;
         self.tail += n;
-        // Every outstanding payload is inert: the passed slots need no
-        // visit (the window rule never reads them again).
-        if quiet && self.heavy == 0 {
-            return n as usize;
-        }
         // One call site of `f`, so that it is inlined; the ring's slots
         // need no free list, just their stamps cleared.
         for k in 0..n {
