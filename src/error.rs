@@ -288,12 +288,22 @@ pub(crate) fn check_rc(verb: &'static str, rc: c_int) -> Result<c_int> {
 
 /// Like [`check_rc`] for verbs whose non-negative result is a count
 /// (`ibv_poll_cq`, `ibv_query_gid_table`).
+/// Inline: `ibv_poll_cq` goes through it on every poll, and the common
+/// case is one compare.
+#[inline]
 pub(crate) fn check_count(verb: &'static str, rc: c_int) -> Result<usize> {
     if rc >= 0 {
         Ok(rc as usize)
     } else {
-        check_rc(verb, rc).map(|_| 0)
+        count_failed(verb, rc)
     }
+}
+
+/// [`check_count`]'s failure, out of the caller's line.
+#[cold]
+#[inline(never)]
+fn count_failed(verb: &'static str, rc: c_int) -> Result<usize> {
+    check_rc(verb, rc).map(|_| 0)
 }
 
 /// "table of 1 entry", "table of 16 entries".

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_verbs::cq_ex::{Fields, Off, On};
 use rdma_verbs::qp::{
-    AddressVector, Completion, Endpoint, GlobalRoute, PostError, Psn, QKey, QpAttr, QpNum, RecvWr,
-    SendOp, SendOpsFlags, SendWr, WrBatch,
+    AddressVector, Completion, Endpoint, GlobalRoute, PostError, Psn, QKey, QpAttr, QpNum,
+    RecvBuffers, RecvWr, RequestKind, SendOp, SendOpsFlags, SendTemplate, SendWr, Taken, WrBatch,
 };
 use rdma_verbs::{
     AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, CompletionQueueEx,
     Context, DeviceList, Gid, LinkLayer, Mtu, ProtectionDomain, QpCaps, QpInitAttr, QpState,
-    QpType, QueuePair, WcStatus, WorkCompletion,
+    QpType, QueuePair, SharedChunk, WcStatus, WorkCompletion,
 };
 
 /// `wr_id` of receives, as in the C examples.
@@ -758,11 +758,27 @@ impl Checker {
         }
     }
 
+    /// Whether [`stamp`](Self::stamp) writes anything (`-c`).
+    pub fn stamps(&self) -> bool {
+        self.on
+    }
+
+    /// Whether [`fill`](Self::fill) writes anything (`-c`, once a payload
+    /// came).
+    pub fn fills(&self) -> bool {
+        self.on && self.echo.is_some()
+    }
+
     /// Notes a received payload: what to send back, and which pages are bad.
+    #[inline]
     pub fn received(&mut self, payload: &[u8]) {
-        if !self.on {
-            return;
+        if self.on {
+            self.note(payload);
         }
+    }
+
+    /// [`received`](Self::received) with `-c`.
+    fn note(&mut self, payload: &[u8]) {
         self.last_bad = (0..payload.len())
             .step_by(self.page)
             .filter(|&i| payload[i] != 0)
@@ -1007,6 +1023,35 @@ impl Progress {
     }
 }
 
+/// Where a [`SingleQp`]'s receives land.
+pub enum Rx {
+    /// Buffers owned by the receive queue ([`RecvBuffers`]): posted by the
+    /// pool, each completion taken back with [`RecvBuffers::take`] (its
+    /// bytes read in place, the buffer free again at once). The loop on a
+    /// basic CQ.
+    Pool(RecvBuffers),
+    /// Chunks moved into each receive and handed back by
+    /// `QueuePair::reclaim` (those not posted here): with `-t`, whose
+    /// completions come from an extended CQ, and with `-r 0`.
+    Chunks(Vec<Chunk>),
+}
+
+/// Where a [`SingleQp`]'s sends come from.
+pub enum Tx {
+    /// RC and UC without `-N`: a [`SendTemplate`] over the one send
+    /// buffer, checked once when the QP is made; each send is posted with
+    /// its `wr_id` alone (`QueuePair::post_template_one`), from the
+    /// registered buffer (where the C program copies a message that fits
+    /// `max_inline_data` into the request, the template sends it from the
+    /// buffer: the same bytes on the wire). `-c` writes the buffer between
+    /// sends (`QueuePair::template_source_mut`).
+    Template(SendTemplate),
+    /// The send buffer while no send is outstanding, moved into each send
+    /// and back at its completion (inline when it fits): UD sends, which
+    /// each name their destination, and `-N` batches.
+    Chunk(Option<Chunk>),
+}
+
 /// One QP pinging the peer: what `ibv_rc_pingpong`, `ibv_uc_pingpong` and
 /// `ibv_ud_pingpong` run once connected.
 pub struct SingleQp {
@@ -1017,12 +1062,12 @@ pub struct SingleQp {
     pub cq: CompletionQueue,
     /// The completion channel with `-e`.
     pub channel: Option<CompletionChannel>,
-    /// Receive buffers not posted.
-    pub recv_pool: Vec<Chunk>,
+    /// The receive buffers.
+    pub rx: Rx,
     /// Receives outstanding (`routs`).
     pub routs: usize,
-    /// The send buffer while no send is outstanding.
-    pub send_buf: Option<Chunk>,
+    /// The send buffer.
+    pub tx: Tx,
     /// Message size.
     pub size: usize,
     /// Receives to keep posted.
@@ -1061,8 +1106,20 @@ impl SingleQp {
         } else {
             None
         };
-        let recv_pool = alloc_buffers(&pd, cfg.rx_depth, cfg.size + recv_offset, 0x7b)?;
         let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
+        let rx = if ts_mask.is_none() && cfg.rx_depth > 0 {
+            Rx::Pool(
+                RecvBuffers::new(&pd, cfg.rx_depth, cfg.size + recv_offset)
+                    .or_fail("Couldn't register MR")?,
+            )
+        } else {
+            Rx::Chunks(alloc_buffers(
+                &pd,
+                cfg.rx_depth,
+                cfg.size + recv_offset,
+                0x7b,
+            )?)
+        };
         let (cq, ts) = match ts_mask {
             None => (create_cq(ctx, cfg.rx_depth + 1, channel.as_ref())?, None),
             Some(mask) => {
@@ -1090,13 +1147,25 @@ impl SingleQp {
             .or_fail("Couldn't create QP")?;
         let inline = qp.caps().max_inline_data as usize >= cfg.size;
         qp.modify(&init).or_fail("Failed to modify QP to INIT")?;
+        let tx = match send_buf {
+            Some(buf) if qp_type != QpType::Ud && !cfg.new_send => {
+                let src = SharedChunk::new(buf);
+                let t = qp
+                    .send_template(SendOp::Send, Some((&src, cfg.size)))
+                    .or_fail("Couldn't post send")?;
+                // The template's handle is the only one: `-c` writes it.
+                drop(src);
+                Tx::Template(t)
+            }
+            buf => Tx::Chunk(buf),
+        };
         let mut pp = SingleQp {
             qp,
             cq,
             channel,
-            recv_pool,
+            rx,
             routs: 0,
-            send_buf,
+            tx,
             size: cfg.size,
             rx_depth: cfg.rx_depth,
             inline,
@@ -1114,10 +1183,13 @@ impl SingleQp {
         Ok(pp)
     }
 
-    /// `pp_post_recv(ctx, n)`.
+    /// `pp_post_recv(ctx, n)`: up to `n` receives; how many were posted.
     pub fn post_recvs(&mut self, n: usize) -> usize {
         let qp = &mut self.qp;
-        post_recvs(&mut self.recv_pool, n, |wrs| qp.post_recv(wrs))
+        match &mut self.rx {
+            Rx::Pool(bufs) => bufs.post_up_to(qp, n).unwrap_or_else(|e| e.posted),
+            Rx::Chunks(pool) => post_recvs(pool, n, |wrs| qp.post_recv(wrs)),
+        }
     }
 
     /// Posts the initial `rx_depth` receives.
@@ -1131,14 +1203,45 @@ impl SingleQp {
 
     /// `pp_post_send(ctx)`.
     pub fn post_send(&mut self) -> Res<()> {
-        post_send(
-            &mut self.qp,
-            &mut self.send_buf,
-            self.size,
-            self.inline,
-            self.ud.as_ref(),
-            &self.check,
-        )
+        match &mut self.tx {
+            Tx::Template(t) => {
+                if self.check.fills() {
+                    let buf = self
+                        .qp
+                        .template_source_mut(t)
+                        .map_err(|e| format!("Couldn't post send ({e})"))?;
+                    self.check.fill(&mut buf[..self.size]);
+                }
+                self.qp
+                    .post_template_one(t, SEND_WRID, true)
+                    .map_err(|e| format!("Couldn't post send ({e})"))
+            }
+            Tx::Chunk(buf) => post_send(
+                &mut self.qp,
+                buf,
+                self.size,
+                self.inline,
+                self.ud.as_ref(),
+                &self.check,
+            ),
+        }
+    }
+
+    /// The client's first payload, marked for `-c` (before the first send).
+    fn stamp_first(&mut self) -> Res<()> {
+        if !self.check.stamps() {
+            return Ok(());
+        }
+        let buf = match &mut self.tx {
+            Tx::Template(t) => self
+                .qp
+                .template_source_mut(t)
+                .map_err(|e| format!("Couldn't post send ({e})"))?,
+            Tx::Chunk(Some(b)) => b.as_mut_slice(),
+            Tx::Chunk(None) => return Ok(()),
+        };
+        self.check.stamp(&mut buf[..self.size]);
+        Ok(())
     }
 
     /// The ping-pong loop: the client sends first; each side sends again
@@ -1154,9 +1257,7 @@ impl SingleQp {
             rcnt: 0,
         };
         if client {
-            if let Some(b) = self.send_buf.as_mut() {
-                self.check.stamp(&mut b.as_mut_slice()[..self.size]);
-            }
+            self.stamp_first()?;
             self.post_send()?;
             p.pending |= SEND_WRID;
         }
@@ -1179,9 +1280,9 @@ impl SingleQp {
         while !p.done() {
             let got = next_completions(&self.cq, self.channel.as_ref(), &mut wcs)?;
             for wc in got {
-                let (wr_id, chunk) = reclaim(&mut self.qp, wc);
+                let wr_id = self.take_back(wc)?;
                 check_status(wc, wr_id)?;
-                self.completed(p, wr_id, chunk)?;
+                self.completed(p, wr_id)?;
             }
         }
         Ok(())
@@ -1224,35 +1325,88 @@ impl SingleQp {
                 if wr_id == RECV_WRID {
                     ts.stats.record(wc.completion_ts());
                 }
-                self.completed(p, wr_id, chunk)?;
+                self.put_back(wr_id, chunk)?;
+                self.completed(p, wr_id)?;
             }
         }
         Ok(())
     }
 
-    /// `parse_single_wc` after the status check: a send or a receive
-    /// completed (`chunk`: its buffer, when it had one); receives are
-    /// reposted when one or none is left, and the next send goes out once
-    /// both the previous send and a receive are done.
-    fn completed(&mut self, p: &mut Progress, wr_id: u64, chunk: Option<Chunk>) -> Res<()> {
-        match wr_id {
-            SEND_WRID => {
-                p.scnt += 1;
-                if chunk.is_some() {
-                    self.send_buf = chunk;
+    /// The request a completion of the basic CQ ends, taken back: its
+    /// `wr_id` (0 when it ends none of the QP's). A send's chunk goes back
+    /// to [`Tx::Chunk`]; a receive of the pool is read in place (`-c`) and
+    /// its buffer is free again at once.
+    #[inline(always)]
+    fn take_back(&mut self, wc: &WorkCompletion) -> Res<u64> {
+        if wc.request_kind() == Some(RequestKind::Send) {
+            let mut spare = None;
+            let back = match &mut self.tx {
+                Tx::Chunk(buf) => buf,
+                Tx::Template(_) => &mut spare,
+            };
+            let n = self.qp.reclaim_chunks(wc, &mut SendBack(back));
+            return Ok(if n > 0 { SEND_WRID } else { 0 });
+        }
+        let Rx::Pool(bufs) = &mut self.rx else {
+            let (wr_id, chunk) = reclaim(&mut self.qp, wc);
+            self.put_back(wr_id, chunk)?;
+            return Ok(wr_id);
+        };
+        let done = match bufs.take(&mut self.qp, wc) {
+            Taken::Mine(msg) => {
+                if msg.is_success() {
+                    let off = self.recv_offset;
+                    let payload = msg
+                        .get(off..off + self.size)
+                        .ok_or_else(|| short_receive(msg.len(), off + self.size))?;
+                    self.check.received(payload);
+                }
+                return Ok(RECV_WRID);
+            }
+            Taken::Other(done) => done,
+            Taken::Nothing => return Ok(0),
+        };
+        let wr_id = done.wr_id;
+        self.put_back(wr_id, done.into_chunk())?;
+        Ok(wr_id)
+    }
+
+    /// A chunk a completion handed back (`QueuePair::reclaim`): the send
+    /// buffer, or a receive buffer, read for `-c` and kept to post again.
+    fn put_back(&mut self, wr_id: u64, chunk: Option<Chunk>) -> Res<()> {
+        match (wr_id, chunk) {
+            (SEND_WRID, Some(c)) => {
+                if let Tx::Chunk(buf) = &mut self.tx {
+                    *buf = Some(c);
                 }
             }
-            RECV_WRID => {
-                let c = chunk.ok_or("receive completion without its buffer")?;
+            (RECV_WRID, Some(c)) => {
                 let off = self.recv_offset;
                 self.check.received(&c.as_slice()[off..off + self.size]);
-                self.recv_pool.push(c);
+                if let Rx::Chunks(pool) = &mut self.rx {
+                    pool.push(c);
+                }
+            }
+            (RECV_WRID, None) if matches!(self.rx, Rx::Chunks(_)) => {
+                return Err("receive completion without its buffer".into())
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `parse_single_wc` after the status check, once the request was
+    /// taken back: a send or a receive completed; receives are reposted
+    /// when one or none is left, and the next send goes out once both the
+    /// previous send and a receive are done.
+    #[inline(always)]
+    fn completed(&mut self, p: &mut Progress, wr_id: u64) -> Res<()> {
+        match wr_id {
+            SEND_WRID => p.scnt += 1,
+            RECV_WRID => {
                 self.routs -= 1;
                 if self.routs <= 1 {
-                    self.routs += self.post_recvs(self.rx_depth - self.routs);
-                    if self.routs < self.rx_depth {
-                        return Err(format!("Couldn't post receive ({})", self.routs));
-                    }
+                    self.refill()?;
                 }
                 p.rcnt += 1;
             }
@@ -1264,6 +1418,34 @@ impl SingleQp {
             p.pending = RECV_WRID | SEND_WRID;
         }
         Ok(())
+    }
+
+    /// Posts receives up to `rx_depth` again (one call per `rx_depth - 1`
+    /// receives).
+    #[cold]
+    fn refill(&mut self) -> Res<()> {
+        self.routs += self.post_recvs(self.rx_depth - self.routs);
+        if self.routs < self.rx_depth {
+            return Err(format!("Couldn't post receive ({})", self.routs));
+        }
+        Ok(())
+    }
+}
+
+/// A receive shorter than the payload it should hold.
+#[cold]
+fn short_receive(got: usize, want: usize) -> String {
+    format!("a receive of {got} bytes, not {want}")
+}
+
+/// Where a send's chunk goes back (`QueuePair::reclaim_chunks` extends it).
+struct SendBack<'a>(&'a mut Option<Chunk>);
+
+impl Extend<Chunk> for SendBack<'_> {
+    fn extend<I: IntoIterator<Item = Chunk>>(&mut self, chunks: I) {
+        for c in chunks {
+            *self.0 = Some(c);
+        }
     }
 }
 
