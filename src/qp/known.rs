@@ -23,9 +23,6 @@
 //! (compare-and-swap on the word). Whatever it stores was thus the
 //! device's state at a moment after the last recorded move.
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -104,73 +101,75 @@ pub(crate) unsafe fn query_state(qp: *mut sys::ibv_qp) -> Option<QpState> {
     (rc == 0).then(|| QpState::from_raw(attr.qp_state).unwrap_or(QpState::Unknown))
 }
 
-/// Hashes a registry key, an `ibv_qp` pointer, with a few shifts and
-/// multiplications: the keys are addresses malloc handed out, which
-/// nobody outside the process chooses, so the default hasher's protection
-/// against chosen keys buys nothing here and costs a QP's create and
-/// destroy a few hundred instructions (SipHash of the key three times).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by the registry (its keys are `usize`), but correct
-        // for any input.
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        // MurmurHash3's 64-bit finaliser: every input bit reaches every
-        // output bit, so aligned addresses a fixed stride apart spread
-        // over hashbrown's bucket index (low bits) and tag (high bits).
-        let mut x = self.0 ^ v;
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        x ^= x >> 33;
-        self.0 = x;
-    }
-
-    #[inline]
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
+/// One registered QP: its `ibv_qp` pointer, when it was registered (a
+/// number counted up per context), and its known state.
+struct Entry {
+    key: usize,
+    seq: u64,
+    known: *const Known,
 }
 
-type QpMap = HashMap<usize, Arc<Known>, BuildHasherDefault<PtrHasher>>;
+/// The registry's table: a slab whose slot a QP keeps for its life (its
+/// [`Registration`] holds the index), so that entering and leaving cost a
+/// free-list pop and push, with no hashing; a look-up by pointer walks the
+/// table, which only a QP's asynchronous event does.
+#[derive(Default)]
+struct Table {
+    slots: Vec<Option<Entry>>,
+    free: Vec<u32>,
+    /// The `seq` of the next entry.
+    next: u64,
+}
+
+// SAFETY: `known` is only followed under the registry's lock, while the
+// entry exists, and each entry's `Known` outlives it (see `Registration`);
+// `Known` itself is `Sync` (one atomic word).
+unsafe impl Send for Table {}
 
 /// A context's QPs by their `ibv_qp` pointer, for the event delivery.
 #[derive(Default)]
 pub(crate) struct QpRegistry {
-    qps: Mutex<QpMap>,
+    table: Mutex<Table>,
 }
 
 impl QpRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, QpMap> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         // Only whole inserts and removes happen under the lock.
-        self.qps.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The event delivery's part: the device raised an event that moves
     /// the live QP `qp` (not acknowledged yet, so not destroyed); if it is
     /// one of this context's, its known state follows the device.
     ///
+    /// Two entries may name the same pointer: a destroyed QP whose keep is
+    /// not dropped yet, and a live QP that malloc placed at its address
+    /// since. The live one is the newer (the greater `seq`).
+    ///
     /// # Safety
     /// `qp` is a live QP for the whole call.
     pub(crate) unsafe fn device_moved(&self, qp: *mut sys::ibv_qp) {
-        let known = self.lock().get(&(qp as usize)).cloned();
-        if let Some(known) = known {
+        let table = self.lock();
+        let newest = table
+            .slots
+            .iter()
+            .flatten()
+            .filter(|e| e.key == qp as usize)
+            .max_by_key(|e| e.seq);
+        if let Some(e) = newest {
+            // The lock is held, so the entry's `Registration`, which holds
+            // the `Known`, has not left the table and not dropped it.
+            // SAFETY: so `e.known` points to a live `Known`.
+            let known = unsafe { &*e.known };
             // SAFETY: `qp` is live for the call (the caller's promise).
             known.follow_device(|| unsafe { query_state(qp) });
         }
+    }
+
+    /// How many QPs are entered (for the tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().slots.iter().flatten().count()
     }
 }
 
@@ -182,34 +181,57 @@ pub(crate) struct Registration {
     /// context through this registration).
     _tally: Tally,
     ctx: Context,
-    key: usize,
+    /// The entry's slot in the table.
+    index: u32,
+    /// What the entry points to: kept alive here until the entry is gone.
     known: Arc<Known>,
 }
 
 impl Registration {
     /// Enters the QP `qp` of `ctx` with its known state.
     pub(crate) fn new(ctx: &Context, qp: *mut sys::ibv_qp, known: &Arc<Known>) -> Self {
-        let key = qp as usize;
-        // A stale entry under the same pointer is a destroyed QP's whose
-        // keep is not dropped yet: the live QP replaces it.
-        ctx.qp_registry().lock().insert(key, Arc::clone(known));
+        let index = enter(ctx.qp_registry(), qp as usize, Arc::as_ptr(known));
         Registration {
             _tally: Tally::new(ctx.users(), UserKind::QueuePair, 1),
             ctx: ctx.clone(),
-            key,
+            index,
             known: Arc::clone(known),
+        }
+    }
+}
+
+/// Enters `key` with `known` in a free slot of `registry`'s table; its
+/// index.
+fn enter(registry: &QpRegistry, key: usize, known: *const Known) -> u32 {
+    let mut table = registry.lock();
+    let seq = table.next;
+    table.next += 1;
+    let entry = Some(Entry { key, seq, known });
+    match table.free.pop() {
+        Some(i) => {
+            table.slots[i as usize] = entry;
+            i
+        }
+        None => {
+            table.slots.push(entry);
+            // More QPs than a u32 counts cannot be made (each holds memory
+            // and a kernel object).
+            (table.slots.len() - 1) as u32
         }
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut map = self.ctx.qp_registry().lock();
-        // Only this QP's own entry: a new QP may have the same pointer now.
-        // One probe of the table (`entry`), not a look-up and a removal.
-        if let Entry::Occupied(e) = map.entry(self.key) {
-            if Arc::ptr_eq(e.get(), &self.known) {
-                e.remove();
+        let mut table = self.ctx.qp_registry().lock();
+        // Only this QP's own entry (the index is its own for its life).
+        if let Some(slot) = table.slots.get_mut(self.index as usize) {
+            if slot
+                .as_ref()
+                .is_some_and(|e| std::ptr::eq(e.known, Arc::as_ptr(&self.known)))
+            {
+                *slot = None;
+                table.free.push(self.index);
             }
         }
     }
@@ -253,22 +275,40 @@ mod tests {
     }
 
     #[test]
-    fn pointer_keys_spread_over_the_buckets() {
-        use std::hash::BuildHasher;
-        // malloc'd QPs: 16-byte aligned, a few hundred bytes apart.
-        let b = BuildHasherDefault::<PtrHasher>::default();
-        let mut low = std::collections::HashSet::new();
-        for i in 0..1024usize {
-            let h = b.hash_one(0x5555_0000_1000usize + i * 0x1f0);
-            low.insert(h & 1023);
+    fn registry_slots_are_reused_and_the_newest_entry_wins() {
+        let r = QpRegistry::default();
+        let (a, b, c) = (
+            Known::new(QpState::Init),
+            Known::new(QpState::Rts),
+            Known::new(QpState::Rtr),
+        );
+        let ia = enter(&r, 16, Arc::as_ptr(&a));
+        let ib = enter(&r, 32, Arc::as_ptr(&b));
+        assert_ne!(ia, ib);
+        assert_eq!(r.len(), 2);
+        // `a`'s QP destroyed, its keep not dropped yet, and a new QP at the
+        // same address: both entries exist, the newer is the live one.
+        let ic = enter(&r, 16, Arc::as_ptr(&c));
+        {
+            let t = r.lock();
+            let newest = t
+                .slots
+                .iter()
+                .flatten()
+                .filter(|e| e.key == 16)
+                .max_by_key(|e| e.seq);
+            assert!(std::ptr::eq(newest.unwrap().known, Arc::as_ptr(&c)));
         }
-        // As a random function would (about 630 of 1024 buckets).
-        assert!(low.len() > 550, "{}", low.len());
-        let mut m = QpMap::default();
-        m.insert(16, Known::new(QpState::Init));
-        m.insert(32, Known::new(QpState::Rts));
-        assert_eq!(m.get(&32).map(|k| k.state()), Some(QpState::Rts));
-        assert!(m.remove(&16).is_some() && !m.contains_key(&16));
+        // Leaving frees the slot for the next QP.
+        {
+            let mut t = r.lock();
+            t.slots[ia as usize] = None;
+            t.free.push(ia);
+        }
+        let id = enter(&r, 48, Arc::as_ptr(&a));
+        assert_eq!(id, ia);
+        assert_eq!(r.len(), 3);
+        assert_ne!(ic, id);
     }
 
     #[test]
