@@ -41,10 +41,13 @@ mod pingpong;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use pingpong::{opt, Checker, Config, OrFail, Program, Res, RECV_WRID, SEND_WRID};
-use rdma_verbs::qp::{AckTimeout, Endpoint, MinRnrTimer, Psn, QpAttr, QpNum, RetryCount, RnrRetry};
+use pingpong::{opt, Checker, Config, OrFail, Program, Res, Tx, RECV_WRID, SEND_WRID};
+use rdma_verbs::qp::{
+    AckTimeout, Endpoint, MinRnrTimer, Psn, QpAttr, QpNum, RecvBuffers, RequestKind, RetryCount,
+    RnrRetry, Taken,
+};
 use rdma_verbs::{
-    AccessFlags, Chunk, Gid, LinkLayer, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
+    AccessFlags, Gid, LinkLayer, QpCaps, QpInitAttr, QpState, QpType, QueuePair,
     SharedReceiveQueue, WorkCompletion,
 };
 
@@ -120,9 +123,47 @@ fn connect(qps: &mut [QueuePair], cfg: &Config, me: &[Endpoint], dest: &[Endpoin
     Ok(())
 }
 
-/// `pp_post_recv(ctx, n)` on the SRQ.
-fn post_recvs(srq: &SharedReceiveQueue, pool: &mut Vec<Chunk>, n: usize) -> usize {
-    pingpong::post_recvs(pool, n, |wrs| srq.post_recv(wrs))
+/// `pp_post_recv(ctx, n)` on the SRQ: every free buffer of the pool (the
+/// C program posts `rx_depth` less those outstanding, the same number);
+/// how many were posted.
+fn post_recvs(srq: &SharedReceiveQueue, bufs: &mut RecvBuffers) -> usize {
+    bufs.post_srq(srq).unwrap_or_else(|e| e.posted)
+}
+
+/// The request a completion `wc` of QP `i` (`None`: not one of ours) ends,
+/// taken back: its `wr_id` (0 for none). A send's chunk goes back to its
+/// [`Tx`]; a receive of the pool is read in place for `-c` and its buffer
+/// is free again at once.
+fn take_back(
+    qps: &mut [QueuePair],
+    txs: &mut [Tx],
+    bufs: &mut RecvBuffers,
+    check: &mut Checker,
+    i: Option<usize>,
+    wc: &WorkCompletion,
+    size: usize,
+) -> Res<u64> {
+    let Some(i) = i else { return Ok(0) };
+    if wc.request_kind() == Some(RequestKind::Send) {
+        return Ok(if txs[i].take_back(&mut qps[i], wc) {
+            SEND_WRID
+        } else {
+            0
+        });
+    }
+    Ok(match bufs.take(&mut qps[i], wc) {
+        Taken::Mine(msg) => {
+            if msg.is_success() {
+                let payload = msg
+                    .get(..size)
+                    .ok_or_else(|| format!("a receive of {} bytes, not {size}", msg.len()))?;
+                check.received(payload);
+            }
+            RECV_WRID
+        }
+        Taken::Other(done) => done.wr_id,
+        Taken::Nothing => 0,
+    })
 }
 
 fn run(cfg: Config) -> Res<()> {
@@ -148,11 +189,8 @@ fn run(cfg: Config) -> Res<()> {
     let ctx = pingpong::open_device(cfg.ib_devname.as_deref())?;
     let channel = pingpong::create_channel(&ctx, cfg.use_event)?;
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-    let mut recv_pool = pingpong::alloc_buffers(&pd, rx_depth, size, 0)?;
-    let mut send_bufs: Vec<Option<Chunk>> = pingpong::alloc_buffers(&pd, num_qp, size, 0)?
-        .into_iter()
-        .map(Some)
-        .collect();
+    let mut bufs = RecvBuffers::new(&pd, rx_depth, size).or_fail("Couldn't register MR")?;
+    let mut send_bufs = pingpong::alloc_buffers(&pd, num_qp, size, 0)?.into_iter();
     let cq = pingpong::create_cq(&ctx, rx_depth + num_qp, channel.as_ref())?;
     let srq = pd
         .create_srq(rx_depth as u32, 1, 0)
@@ -187,7 +225,18 @@ fn run(cfg: Config) -> Res<()> {
         .or_fail(&format!("Failed to modify QP[{i}] to INIT"))?;
     }
 
-    let mut routs = post_recvs(&srq, &mut recv_pool, rx_depth);
+    // RC sends without -N from a template each (see `Tx`).
+    let mut txs = Vec::with_capacity(num_qp);
+    for qp in &qps {
+        txs.push(Tx::new(
+            qp,
+            send_bufs.next(),
+            size,
+            QpType::Rc,
+            cfg.new_send,
+        )?);
+    }
+    let mut routs = post_recvs(&srq, &mut bufs);
     if routs < rx_depth {
         return Err(format!("Couldn't post receive ({routs})"));
     }
@@ -243,10 +292,8 @@ fn run(cfg: Config) -> Res<()> {
     let mut pending = vec![RECV_WRID; num_qp];
     if client {
         for (i, qp) in qps.iter_mut().enumerate() {
-            if let Some(b) = send_bufs[i].as_mut() {
-                check.stamp(b.as_mut_slice());
-            }
-            pingpong::post_send(qp, &mut send_bufs[i], size, inline, None, &check)?;
+            txs[i].stamp(qp, size, &check)?;
+            txs[i].post(qp, size, inline, None, &check)?;
             pending[i] = SEND_WRID | RECV_WRID;
         }
     }
@@ -258,31 +305,15 @@ fn run(cfg: Config) -> Res<()> {
         let got = pingpong::next_completions(&cq, channel.as_ref(), &mut wcs)?;
         for wc in got {
             let qp_ind = qps.iter().position(|q| q.qp_num() == wc.qp_num());
-            // A receive's buffer comes back from the SRQ, a send's from its QP.
-            let mut from_srq = (0, None);
-            let (wr_id, chunk) = if srq.reclaim(wc, |d| from_srq = (d.wr_id, d.into_chunk())) > 0 {
-                from_srq
-            } else if let Some(i) = qp_ind {
-                pingpong::reclaim(&mut qps[i], wc)
-            } else {
-                (0, None)
-            };
+            let wr_id = take_back(&mut qps, &mut txs, &mut bufs, &mut check, qp_ind, wc, size)?;
             pingpong::check_status(wc, wr_id)?;
             let i = qp_ind.ok_or_else(|| format!("Couldn't find QPN {:06x}", wc.qp_num()))?;
             match wr_id {
-                SEND_WRID => {
-                    scnt += 1;
-                    if chunk.is_some() {
-                        send_bufs[i] = chunk;
-                    }
-                }
+                SEND_WRID => scnt += 1,
                 RECV_WRID => {
-                    let c = chunk.ok_or("receive completion without its buffer")?;
-                    check.received(&c.as_slice()[..size]);
-                    recv_pool.push(c);
                     routs -= 1;
                     if routs <= num_qp {
-                        routs += post_recvs(&srq, &mut recv_pool, rx_depth - routs);
+                        routs += post_recvs(&srq, &mut bufs);
                         if routs < rx_depth {
                             return Err(format!("Couldn't post receive ({routs})"));
                         }
@@ -293,7 +324,7 @@ fn run(cfg: Config) -> Res<()> {
             }
             pending[i] &= !wr_id;
             if scnt < cfg.iters && pending[i] == 0 {
-                pingpong::post_send(&mut qps[i], &mut send_bufs[i], size, inline, None, &check)?;
+                txs[i].post(&mut qps[i], size, inline, None, &check)?;
                 pending[i] = RECV_WRID | SEND_WRID;
             }
         }

@@ -1052,6 +1052,86 @@ pub enum Tx {
     Chunk(Option<Chunk>),
 }
 
+impl Tx {
+    /// The sends of `qp` (of `qp_type`, with `-N` or not) from `buf`, a
+    /// buffer of at least `size` bytes: a template where one serves (RC
+    /// and UC without `-N`), else the chunk.
+    pub fn new(
+        qp: &QueuePair,
+        buf: Option<Chunk>,
+        size: usize,
+        qp_type: QpType,
+        new_send: bool,
+    ) -> Res<Self> {
+        match buf {
+            Some(buf) if qp_type != QpType::Ud && !new_send => {
+                let src = SharedChunk::new(buf);
+                let t = qp
+                    .send_template(SendOp::Send, Some((&src, size)))
+                    .or_fail("Couldn't post send")?;
+                // The template's handle is the only one: `-c` writes it.
+                drop(src);
+                Ok(Tx::Template(t))
+            }
+            buf => Ok(Tx::Chunk(buf)),
+        }
+    }
+
+    /// `pp_post_send`: one signalled SEND of `size` bytes on `qp` (with
+    /// `-c`, the last payload received first; `inline` and `ud` for the
+    /// chunk's send, see [`post_send`]).
+    pub fn post(
+        &mut self,
+        qp: &mut QueuePair,
+        size: usize,
+        inline: bool,
+        ud: Option<&UdDest>,
+        check: &Checker,
+    ) -> Res<()> {
+        match self {
+            Tx::Template(t) => {
+                if check.fills() {
+                    let buf = qp
+                        .template_source_mut(t)
+                        .map_err(|e| format!("Couldn't post send ({e})"))?;
+                    check.fill(&mut buf[..size]);
+                }
+                qp.post_template_one(t, SEND_WRID, true)
+                    .map_err(|e| format!("Couldn't post send ({e})"))
+            }
+            Tx::Chunk(buf) => post_send(qp, buf, size, inline, ud, check),
+        }
+    }
+
+    /// The client's first payload marked for `-c` (before the first send).
+    pub fn stamp(&mut self, qp: &mut QueuePair, size: usize, check: &Checker) -> Res<()> {
+        if !check.stamps() {
+            return Ok(());
+        }
+        let buf = match self {
+            Tx::Template(t) => qp
+                .template_source_mut(t)
+                .map_err(|e| format!("Couldn't post send ({e})"))?,
+            Tx::Chunk(Some(b)) => b.as_mut_slice(),
+            Tx::Chunk(None) => return Ok(()),
+        };
+        check.stamp(&mut buf[..size]);
+        Ok(())
+    }
+
+    /// Takes back the send a send completion `wc` of `qp` ends (its chunk,
+    /// for [`Tx::Chunk`]); whether it ended one.
+    #[inline(always)]
+    pub fn take_back(&mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> bool {
+        let mut spare = None;
+        let back = match self {
+            Tx::Chunk(buf) => buf,
+            Tx::Template(_) => &mut spare,
+        };
+        qp.reclaim_chunks(wc, &mut SendBack(back)) > 0
+    }
+}
+
 /// One QP pinging the peer: what `ibv_rc_pingpong`, `ibv_uc_pingpong` and
 /// `ibv_ud_pingpong` run once connected.
 pub struct SingleQp {
@@ -1147,18 +1227,7 @@ impl SingleQp {
             .or_fail("Couldn't create QP")?;
         let inline = qp.caps().max_inline_data as usize >= cfg.size;
         qp.modify(&init).or_fail("Failed to modify QP to INIT")?;
-        let tx = match send_buf {
-            Some(buf) if qp_type != QpType::Ud && !cfg.new_send => {
-                let src = SharedChunk::new(buf);
-                let t = qp
-                    .send_template(SendOp::Send, Some((&src, cfg.size)))
-                    .or_fail("Couldn't post send")?;
-                // The template's handle is the only one: `-c` writes it.
-                drop(src);
-                Tx::Template(t)
-            }
-            buf => Tx::Chunk(buf),
-        };
+        let tx = Tx::new(&qp, send_buf, cfg.size, qp_type, cfg.new_send)?;
         let mut pp = SingleQp {
             qp,
             cq,
@@ -1203,45 +1272,13 @@ impl SingleQp {
 
     /// `pp_post_send(ctx)`.
     pub fn post_send(&mut self) -> Res<()> {
-        match &mut self.tx {
-            Tx::Template(t) => {
-                if self.check.fills() {
-                    let buf = self
-                        .qp
-                        .template_source_mut(t)
-                        .map_err(|e| format!("Couldn't post send ({e})"))?;
-                    self.check.fill(&mut buf[..self.size]);
-                }
-                self.qp
-                    .post_template_one(t, SEND_WRID, true)
-                    .map_err(|e| format!("Couldn't post send ({e})"))
-            }
-            Tx::Chunk(buf) => post_send(
-                &mut self.qp,
-                buf,
-                self.size,
-                self.inline,
-                self.ud.as_ref(),
-                &self.check,
-            ),
-        }
-    }
-
-    /// The client's first payload, marked for `-c` (before the first send).
-    fn stamp_first(&mut self) -> Res<()> {
-        if !self.check.stamps() {
-            return Ok(());
-        }
-        let buf = match &mut self.tx {
-            Tx::Template(t) => self
-                .qp
-                .template_source_mut(t)
-                .map_err(|e| format!("Couldn't post send ({e})"))?,
-            Tx::Chunk(Some(b)) => b.as_mut_slice(),
-            Tx::Chunk(None) => return Ok(()),
-        };
-        self.check.stamp(&mut buf[..self.size]);
-        Ok(())
+        self.tx.post(
+            &mut self.qp,
+            self.size,
+            self.inline,
+            self.ud.as_ref(),
+            &self.check,
+        )
     }
 
     /// The ping-pong loop: the client sends first; each side sends again
@@ -1257,7 +1294,7 @@ impl SingleQp {
             rcnt: 0,
         };
         if client {
-            self.stamp_first()?;
+            self.tx.stamp(&mut self.qp, self.size, &self.check)?;
             self.post_send()?;
             p.pending |= SEND_WRID;
         }
@@ -1339,13 +1376,11 @@ impl SingleQp {
     #[inline(always)]
     fn take_back(&mut self, wc: &WorkCompletion) -> Res<u64> {
         if wc.request_kind() == Some(RequestKind::Send) {
-            let mut spare = None;
-            let back = match &mut self.tx {
-                Tx::Chunk(buf) => buf,
-                Tx::Template(_) => &mut spare,
-            };
-            let n = self.qp.reclaim_chunks(wc, &mut SendBack(back));
-            return Ok(if n > 0 { SEND_WRID } else { 0 });
+            return Ok(if self.tx.take_back(&mut self.qp, wc) {
+                SEND_WRID
+            } else {
+                0
+            });
         }
         let Rx::Pool(bufs) = &mut self.rx else {
             let (wr_id, chunk) = reclaim(&mut self.qp, wc);
