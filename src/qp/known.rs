@@ -126,6 +126,28 @@ struct Table {
 // `Known` itself is `Sync` (one atomic word).
 unsafe impl Send for Table {}
 
+impl Table {
+    /// The newest entry under `key` (of two with the same pointer, the
+    /// live QP's: see [`QpRegistry::device_moved`]).
+    fn newest(&self, key: usize) -> Option<&Entry> {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|e| e.key == key)
+            .max_by_key(|e| e.seq)
+    }
+
+    /// Frees slot `index` if it still holds the entry of `known`.
+    fn leave(&mut self, index: u32, known: *const Known) {
+        if let Some(slot) = self.slots.get_mut(index as usize) {
+            if slot.as_ref().is_some_and(|e| std::ptr::eq(e.known, known)) {
+                *slot = None;
+                self.free.push(index);
+            }
+        }
+    }
+}
+
 /// A context's QPs by their `ibv_qp` pointer, for the event delivery.
 #[derive(Default)]
 pub(crate) struct QpRegistry {
@@ -150,13 +172,7 @@ impl QpRegistry {
     /// `qp` is a live QP for the whole call.
     pub(crate) unsafe fn device_moved(&self, qp: *mut sys::ibv_qp) {
         let table = self.lock();
-        let newest = table
-            .slots
-            .iter()
-            .flatten()
-            .filter(|e| e.key == qp as usize)
-            .max_by_key(|e| e.seq);
-        if let Some(e) = newest {
+        if let Some(e) = table.newest(qp as usize) {
             // The lock is held, so the entry's `Registration`, which holds
             // the `Known`, has not left the table and not dropped it.
             // SAFETY: so `e.known` points to a live `Known`.
@@ -223,17 +239,11 @@ fn enter(registry: &QpRegistry, key: usize, known: *const Known) -> u32 {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut table = self.ctx.qp_registry().lock();
         // Only this QP's own entry (the index is its own for its life).
-        if let Some(slot) = table.slots.get_mut(self.index as usize) {
-            if slot
-                .as_ref()
-                .is_some_and(|e| std::ptr::eq(e.known, Arc::as_ptr(&self.known)))
-            {
-                *slot = None;
-                table.free.push(self.index);
-            }
-        }
+        self.ctx
+            .qp_registry()
+            .lock()
+            .leave(self.index, Arc::as_ptr(&self.known));
     }
 }
 
@@ -289,22 +299,14 @@ mod tests {
         // `a`'s QP destroyed, its keep not dropped yet, and a new QP at the
         // same address: both entries exist, the newer is the live one.
         let ic = enter(&r, 16, Arc::as_ptr(&c));
-        {
-            let t = r.lock();
-            let newest = t
-                .slots
-                .iter()
-                .flatten()
-                .filter(|e| e.key == 16)
-                .max_by_key(|e| e.seq);
-            assert!(std::ptr::eq(newest.unwrap().known, Arc::as_ptr(&c)));
-        }
-        // Leaving frees the slot for the next QP.
-        {
-            let mut t = r.lock();
-            t.slots[ia as usize] = None;
-            t.free.push(ia);
-        }
+        let newest = r.lock().newest(16).map(|e| e.known);
+        assert!(newest.is_some_and(|k| std::ptr::eq(k, Arc::as_ptr(&c))));
+        // Leaving with another QP's state changes nothing; with its own,
+        // frees the slot for the next QP.
+        r.lock().leave(ia, Arc::as_ptr(&b));
+        assert_eq!(r.len(), 3);
+        r.lock().leave(ia, Arc::as_ptr(&a));
+        assert_eq!(r.len(), 2);
         let id = enter(&r, 48, Arc::as_ptr(&a));
         assert_eq!(id, ia);
         assert_eq!(r.len(), 3);
