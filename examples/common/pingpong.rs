@@ -788,6 +788,25 @@ impl Checker {
         }
     }
 
+    /// A receive of a [`RecvBuffers`](rdma_verbs::qp::RecvBuffers) pool,
+    /// read in place: a successful one's payload (`size` bytes from `off`,
+    /// past a UD receive's GRH) is noted as [`received`](Self::received)
+    /// notes it; a failed one brings no bytes.
+    pub fn received_in(
+        &mut self,
+        msg: &rdma_verbs::qp::Received<'_>,
+        off: usize,
+        size: usize,
+    ) -> Res<()> {
+        if msg.is_success() {
+            let payload = msg
+                .get(off..off + size)
+                .ok_or_else(|| short_receive(msg.len(), off + size))?;
+            self.received(payload);
+        }
+        Ok(())
+    }
+
     /// [`received`](Self::received) with `-c`.
     fn note(&mut self, payload: &[u8]) {
         self.last_bad = (0..payload.len())
@@ -1006,6 +1025,12 @@ pub fn status_result(status: Result<WcStatus, u32>, vendor_err: u32, wr_id: u64)
     Err(format!(
         "Failed status {name} ({raw}) for wr_id {wr_id} (vendor error 0x{vendor_err:x})"
     ))
+}
+
+/// A receive shorter than the payload it should hold.
+#[cold]
+fn short_receive(got: usize, want: usize) -> String {
+    format!("a receive of {got} bytes, not {want}")
 }
 
 /// The address vector to a peer at `lid` (and `gid`), as `pp_connect_ctx`

@@ -408,13 +408,7 @@ impl SingleQp {
         };
         let done = match bufs.take(&mut self.qp, wc) {
             Taken::Mine(msg) => {
-                if msg.is_success() {
-                    let off = self.recv_offset;
-                    let payload = msg
-                        .get(off..off + self.size)
-                        .ok_or_else(|| short_receive(msg.len(), off + self.size))?;
-                    self.check.received(payload);
-                }
+                self.check.received_in(&msg, self.recv_offset, self.size)?;
                 return Ok(RECV_WRID);
             }
             Taken::Other(done) => done,
@@ -484,12 +478,6 @@ impl SingleQp {
         }
         Ok(())
     }
-}
-
-/// A receive shorter than the payload it should hold.
-#[cold]
-fn short_receive(got: usize, want: usize) -> String {
-    format!("a receive of {got} bytes, not {want}")
 }
 
 /// Where a send's chunk goes back (`QueuePair::reclaim_chunks` extends it).
