@@ -725,6 +725,17 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         n as usize
     }
 
+    /// On a receive queue or an SRQ (free list): whether an outstanding
+    /// request satisfies `f(wr_id, payload)`. Visits every slot (for cold
+    /// paths only); `false` on a send queue.
+    pub(crate) fn any_live(&self, mut f: impl FnMut(u64, &T) -> bool) -> bool {
+        if RING || self.live == 0 {
+            return false;
+        }
+        (self.slots.arr.iter())
+            .any(|s| s.stamp != 0 && s.load.as_ref().is_some_and(|p| f(s.wr_id, p)))
+    }
+
     /// Hands back every outstanding request, oldest first (after the queue
     /// was reset or destroyed).
     pub(crate) fn drain(&mut self, mut f: impl FnMut(Released<T>)) -> usize {

@@ -146,9 +146,10 @@ pub(crate) struct Pending {
     /// records hold nothing ([`Loan::Empty`], inert).
     pub(super) pins: Vec<Pin>,
     /// The QP's record of each [`RecvBuffers`](super::RecvBuffers) pool
-    /// posted to its receive queue, which keeps the pool's region while a
-    /// buffer of it is posted (see [`PoolPin`]), so that those requests'
-    /// ledger records hold nothing ([`Loan::Pooled`], inert).
+    /// posted to its receive queue, which keeps the pool's region, once the
+    /// pool is dropped, while a buffer of it may be posted (see
+    /// [`PoolPin`]), so that those requests' ledger records hold nothing
+    /// ([`Loan::Pooled`], inert).
     pub(super) pools: Vec<PoolPin>,
 }
 
@@ -222,6 +223,12 @@ impl Pending {
         (&mut self.send, &mut self.side)
     }
 
+    /// The receive ledger, to read.
+    pub(super) fn recv_ledger(&self) -> &RecvLedger<Loan> {
+        &self.recv
+    }
+
+    /// The receive ledger, to change.
     #[inline]
     pub(super) fn recv_mut(&mut self) -> &mut RecvLedger<Loan> {
         &mut self.recv

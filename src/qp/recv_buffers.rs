@@ -8,18 +8,21 @@
 //! Each buffer is a [`Chunk`] of one region registered with `LOCAL_WRITE`
 //! only (no peer may write it), which the pool alone holds the chunks of.
 //!
-//! * **Posted to a QP, the chunk stays in the pool, and the QP keeps the
-//!   region.** The buffer's ledger record holds nothing
-//!   ([`Loan::Pooled`]); its `wr_id` names the pool (a process-unique
-//!   number, upper 32 bits) and the buffer (lower 32). The QP keeps a
-//!   [`PoolPin`] per pool: the region's handle and how many of the pool's
-//!   records its receive ledger holds. The count goes up, and the handle
-//!   is taken, before the post call (so a provider failure, which leaves
-//!   the records in doubt, keeps them counted), and down for every such
-//!   record a completion takes out; a RESET or the QP's destruction,
-//!   which hand every record back, let go of every pin. So the region,
-//!   and its memory, stay registered while the device may write any
-//!   buffer of it, also when the pool is dropped meanwhile.
+//! * **Posted to a QP, the chunk stays in the pool, and the region stays
+//!   registered until the device is done.** The buffer's ledger record
+//!   holds nothing ([`Loan::Pooled`]); its `wr_id` names the pool (a
+//!   process-unique number, upper 32 bits) and the buffer (lower 32).
+//!   While the pool lives, it holds the region itself. Before its first
+//!   post to a QP (so also before a provider failure can leave records in
+//!   doubt), the QP takes a [`PoolPin`]: a share of the pool's
+//!   [`PoolCell`], into which the pool, when it is dropped with a buffer
+//!   posted to a QP, moves the region's handle. A QP lets go of a pin only
+//!   when no record of the pool is in its ledger: after a RESET or its
+//!   destruction (every record handed back), or, once the pool is dropped,
+//!   when the last of them leaves (each leaving record looks for others).
+//!   So the region, and its memory, stay registered while the device may
+//!   write any buffer of it, and go when the last such record ends. A
+//!   live pool's own receives ([`take`](RecvBuffers::take)) touch no pin.
 //! * **The pool reads a buffer only while it is not posted.** A buffer
 //!   posted to a QP is marked so (`Where::Qp`); the mark is cleared only when a record
 //!   made by the pool's post ([`Loan::Pooled`], which no other post
@@ -38,8 +41,8 @@
 //! requests it reads ([`RecvBuffers::post`]): one per buffer, kept by the
 //! pool, linked for the call from the pool's own arrays.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::completed::{Completed, PostError};
 use super::entries::{Lent, Loan};
@@ -70,6 +73,15 @@ static NEXT_POOL: AtomicU32 = AtomicU32::new(1);
 /// made. The same holds for [`take`](Self::take): a completion of one of
 /// the pool's buffers is checked against its ledger record and gives the
 /// buffer back without building a [`Completed`].
+///
+/// Dropping the pool while buffers are posted is sound: the region stays
+/// registered for them. A QP that still holds some of them lets go of the
+/// region when the last of them ends there (its completion reclaimed
+/// through the QP, or a RESET) or when the QP is destroyed. A QP the
+/// pool was posted to earlier but that holds none of them keeps the
+/// region until it next looks: when one of the pool's requests ends
+/// there, when another pool is first posted there, at a RESET, or when
+/// it is destroyed.
 ///
 /// ```no_run
 /// # fn f(pd: &rdma_verbs::ProtectionDomain, qp: &mut rdma_verbs::QueuePair,
@@ -104,8 +116,11 @@ pub struct RecvBuffers {
     region: usize,
     /// The region's PD (compared, never followed).
     pd: usize,
-    /// The region's handle, which a QP's [`PoolPin`] takes.
+    /// The region's handle (which the pool's drop moves into `cell` if
+    /// a buffer is posted to a QP).
     mr: Region,
+    /// What the QPs the pool posts to pin.
+    cell: Arc<PoolCell>,
 }
 
 /// The handle of a pool's region.
@@ -128,14 +143,31 @@ enum Where {
     Srq,
 }
 
-/// A QP's record of a [`RecvBuffers`] pool posted to its receive queue:
-/// `posted` counts the pool's records ([`Loan::Pooled`]) its receive
-/// ledger holds, and `mr` holds the pool's region exactly while that is
-/// not 0 (see the module docs).
+/// What a [`RecvBuffers`] pool shares with the QPs it posts to: once the
+/// pool is dropped (`dropped`), the region's handle if a buffer was still
+/// posted to a QP then, which the QPs' pins keep (see the module docs).
+#[derive(Default)]
+pub(crate) struct PoolCell {
+    dropped: AtomicBool,
+    region: OnceLock<Arc<MrInner>>,
+}
+
+impl std::fmt::Debug for PoolCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolCell")
+            .field("dropped", &self.dropped)
+            .field("region", &self.region.get().map(Arc::as_ptr))
+            .finish()
+    }
+}
+
+/// A QP's record of a [`RecvBuffers`] pool posted to its receive queue,
+/// taken before the first post there: a share of the pool's
+/// [`PoolCell`], kept while the QP's receive ledger may hold a record of
+/// the pool ([`Loan::Pooled`] with the pool's number).
 pub(crate) struct PoolPin {
     id: u32,
-    posted: u32,
-    mr: Option<Arc<MrInner>>,
+    cell: Arc<PoolCell>,
 }
 
 /// The raw receive requests of a pool, one per buffer: entry `i` names
@@ -236,6 +268,7 @@ impl RecvBuffers {
             size,
             id: NEXT_POOL.fetch_add(1, Ordering::Relaxed),
             mr,
+            cell: Arc::default(),
         })
     }
 
@@ -338,8 +371,9 @@ impl RecvBuffers {
             }
         }
         // Before the call: whatever the provider returns, the records stay
-        // (in doubt, at worst), and the pin keeps the region for them.
-        qp.pending_mut().pool_posted(self.id, &self.mr.0, n);
+        // (in doubt, at worst), and the pin keeps the region for them once
+        // the pool is gone.
+        qp.pending_mut().pool_posted(self.id, &self.cell);
         self.free.truncate(start);
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // `head` starts a NULL-terminated chain of the `n` requests linked
@@ -421,7 +455,7 @@ impl RecvBuffers {
     /// its SRQ): one of this pool's buffers as [`Taken::Mine`], with the
     /// bytes received; anything else as [`Taken::Other`], so nothing is
     /// lost.
-    #[inline]
+    #[inline(always)]
     pub fn take<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         let tag = wc.wr_id();
         // The common case straight on: a receive of the QP's own queue
@@ -436,7 +470,8 @@ impl RecvBuffers {
         }) else {
             return self.take_other(qp, wc);
         };
-        p.pool_ended(wr_id);
+        // The pool lives (this is its call): its pin stays, for its next
+        // post, and needs nothing.
         let ok = wc.is_success();
         qp.recv_ended(wc, Some(Kind::Recv), ok);
         // `keep`'s and `mine_or_other`'s work for a record known to be
@@ -590,68 +625,77 @@ impl RecvBuffers {
     }
 }
 
+impl Drop for RecvBuffers {
+    /// A buffer still posted to a QP (or in doubt there) needs the region
+    /// until that QP lets go of its pin: its handle goes into the cell the
+    /// pins share (see the module docs). Buffers posted to an SRQ hold
+    /// their own chunks there.
+    fn drop(&mut self) {
+        if self.state.contains(&Where::Qp) {
+            // Set once, here (the pool is dropped once).
+            let _ = self.cell.region.set(self.mr.0.clone());
+        }
+        // After the handle: a QP that sees `dropped` sees the handle too.
+        self.cell.dropped.store(true, Ordering::Release);
+    }
+}
+
 impl Pending {
-    /// Counts `n` records of pool `id` (region `mr`) in, before the post
-    /// call that hands them to the device.
+    /// Makes sure the QP pins pool `id` (its `cell`), before a post call
+    /// hands the device any of its buffers.
     #[inline(always)]
-    fn pool_posted(&mut self, id: u32, mr: &Arc<MrInner>, n: usize) {
-        let i = match self.pools.first() {
-            Some(p) if p.id == id => 0,
-            _ => self.pool_pin(id),
-        };
-        if let Some(p) = self.pools.get_mut(i) {
-            // At most the receive queue's depth (a `u32`) are outstanding.
-            p.posted = p.posted.saturating_add(n as u32);
-            if p.mr.is_none() {
-                p.mr = Some(mr.clone());
-            }
+    fn pool_posted(&mut self, id: u32, cell: &Arc<PoolCell>) {
+        match self.pools.first() {
+            Some(p) if p.id == id => {}
+            _ => self.pool_pin(id, cell),
         }
     }
 
     /// A record of the pool named by `wr_id`'s upper half left the
-    /// receive ledger: the pin lets go of the region after the last.
+    /// receive ledger other than through the pool's own
+    /// [`take`](RecvBuffers::take): if the pool is gone, its pin goes with
+    /// its last record.
     #[inline(always)]
     pub(super) fn pool_ended(&mut self, wr_id: u64) {
         let id = (wr_id >> 32) as u32;
-        match self.pools.first_mut() {
-            Some(p) if p.id == id => p.end(),
-            _ => self.pool_ended_other(id),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn pool_ended_other(&mut self, id: u32) {
-        if let Some(p) = self.pools.iter_mut().find(|p| p.id == id) {
-            p.end();
-        }
-    }
-
-    /// The index of pool `id`'s pin, made if there is none (the pins of
-    /// pools with nothing posted go first).
-    #[cold]
-    #[inline(never)]
-    fn pool_pin(&mut self, id: u32) -> usize {
         if let Some(i) = self.pools.iter().position(|p| p.id == id) {
-            return i;
+            if self.pools[i].cell.dropped.load(Ordering::Acquire) && !self.pool_held(id) {
+                self.pools.swap_remove(i);
+            }
         }
-        self.pools.retain(|p| p.posted > 0);
+    }
+
+    /// Whether the receive ledger holds a record of pool `id` (visits
+    /// every slot: cold paths only).
+    #[cold]
+    #[inline(never)]
+    fn pool_held(&self, id: u32) -> bool {
+        self.recv_ledger()
+            .any_live(|wr_id, load| matches!(load, Loan::Pooled) && (wr_id >> 32) as u32 == id)
+    }
+
+    /// Pins pool `id` if it is not pinned yet (letting go first of the
+    /// pins of dropped pools with no record left, so that there are never
+    /// more pins than live pools and pools with records here).
+    #[cold]
+    #[inline(never)]
+    fn pool_pin(&mut self, id: u32, cell: &Arc<PoolCell>) {
+        if self.pools.iter().any(|p| p.id == id) {
+            return;
+        }
+        let mut i = 0;
+        while i < self.pools.len() {
+            let p = &self.pools[i];
+            if p.cell.dropped.load(Ordering::Acquire) && !self.pool_held(p.id) {
+                self.pools.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
         self.pools.push(PoolPin {
             id,
-            posted: 0,
-            mr: None,
+            cell: cell.clone(),
         });
-        self.pools.len() - 1
-    }
-}
-
-impl PoolPin {
-    #[inline(always)]
-    fn end(&mut self) {
-        self.posted = self.posted.saturating_sub(1);
-        if self.posted == 0 {
-            self.mr = None;
-        }
     }
 }
 

@@ -42,6 +42,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         recv_buffers_pin,
     ),
     (
+        "by_value::a_dropped_pools_region_goes_when_each_qp_it_was_posted_to_looks",
+        recv_buffers_pin_two_qps,
+    ),
+    (
         "by_value::post_recv_one_reposts_and_refuses_misuse",
         recv_one,
     ),
@@ -522,6 +526,64 @@ fn recv_buffers_pin(env: &Env) -> Result<(), Failed> {
         regions_of(&p.pd)? == base,
         "a pool dropped with nothing posted goes at once"
     );
+    Ok(())
+}
+
+/// A pool posted to two QPs and dropped while buffers are posted to one
+/// of them: that QP lets go of the region when the last of them ends;
+/// the other, which holds none, keeps it until it next looks (here:
+/// another pool's first post there), and then lets go.
+fn recv_buffers_pin_two_qps(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
+    let mut srcs = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+    let base = regions_of(&p.pd)?;
+    let mut bufs = RecvBuffers::new(&p.pd, 2, 64)?;
+    // One message into a buffer posted to b, taken by the pool.
+    ensure!(bufs.post_up_to(&mut p.b, 1)? == 1, "posted to b");
+    let src = srcs.pop().ok_or("no chunk")?;
+    p.a.post_send([SendWr::new(1, SendOp::Send).sge_len(src, 8)])?;
+    for wc in poll_n(&p.cq, 2)? {
+        ensure!(wc.is_success(), "{wc:?}");
+        if wc.qp_num() == p.a.qp_num() {
+            p.a.reclaim_chunks(&wc, &mut srcs);
+        } else {
+            ensure!(
+                matches!(bufs.take(&mut p.b, &wc), Taken::Mine(_)),
+                "not the pool's"
+            );
+        }
+    }
+    // Both buffers to a, then the pool goes.
+    ensure!(bufs.post(&mut p.a)? == 2, "posted to a");
+    drop(bufs);
+    ensure!(regions_of(&p.pd)? == base + 1, "kept for a's buffers");
+    for round in 0..2 {
+        let src = srcs.pop().ok_or("no chunk")?;
+        p.b.post_send([SendWr::new(round, SendOp::Send).sge_len(src, 8)])?;
+        for wc in poll_n(&p.cq, 2)? {
+            ensure!(wc.is_success(), "{wc:?}");
+            if wc.qp_num() == p.b.qp_num() {
+                p.b.reclaim_chunks(&wc, &mut srcs);
+            } else {
+                ensure!(p.a.reclaim_one(&wc).is_some(), "the receive ended nothing");
+            }
+        }
+    }
+    // a let go; b, which held none, still has its pin.
+    ensure!(regions_of(&p.pd)? == base + 1, "b's pin keeps the region");
+    let mut other = RecvBuffers::new(&p.pd, 1, 64)?;
+    ensure!(other.post(&mut p.b)? == 1, "another pool posted to b");
+    ensure!(
+        regions_of(&p.pd)? == base + 1,
+        "b let go of the dropped pool's region (the new pool's own is left)"
+    );
+    let back = p.b.reset()?;
+    ensure!(back.len() == 1, "{back:?}");
+    for c in back {
+        other
+            .give_back(c)
+            .map_err(|c| format!("not the pool's: {c:?}"))?;
+    }
     Ok(())
 }
 

@@ -68,6 +68,10 @@ impl<T: Payload> AnyLedger<T> {
         either!(self, l => l.complete_quiet(tag, f))
     }
 
+    pub(crate) fn any_live(&self, f: impl FnMut(u64, &T) -> bool) -> bool {
+        either!(self, l => l.any_live(f))
+    }
+
     pub(crate) fn drain(&mut self, f: impl FnMut(Released<T>)) -> usize {
         either!(self, l => l.drain(f))
     }

@@ -318,6 +318,20 @@ fn random_state_machine_hands_every_token_back_exactly_once() {
             let in_model = lent.values().filter(|(lq, _)| *lq == q).count();
             assert_eq!(l.len(), in_model, "step {step}: queue {q} count");
             assert!(l.len() <= l.cap());
+            // `any_live` (the pool pins' look-up) sees exactly the lent
+            // tokens of a receive queue or SRQ, and nothing on a ring.
+            let ring = kinds[q] == Kind::Send;
+            for (&t, _) in lent.iter().filter(|(_, (lq, _))| *lq == q) {
+                assert_eq!(
+                    l.any_live(|_, tok| tok.0 == t),
+                    !ring,
+                    "step {step}: token {t}"
+                );
+            }
+            assert!(
+                !l.any_live(|_, tok| !lent.contains_key(&tok.0)),
+                "step {step}: queue {q} holds a returned token"
+            );
         }
         for (&tag, &q) in &busy {
             assert!(ledgers[q].holds(tag), "step {step}: a busy request left");
