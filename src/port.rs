@@ -258,7 +258,7 @@ impl PortAttr {
 ///   every open context.
 /// * `max_mtu` is what the port's hardware (or rxe: always 4096) can carry.
 ///   The kernel does not promise it fixed, so it is used only to *accept*
-///   a path MTU: a refusal re-reads it (see [`Context`]).
+///   a path MTU: a refusal re-reads it (see [`Context`](crate::Context)).
 ///
 /// What does change (state, active MTU, LIDs, counters) is not here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

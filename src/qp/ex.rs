@@ -361,7 +361,7 @@ impl QueuePair {
 /// the QP remembers that a batch is open: from then on everything that
 /// would take the lock again (`post_send`, `start_batch`, memory-window
 /// binds, unbinds and invalidations) is refused with
-/// [`Error::GuardLeaked`](crate::Error::GuardLeaked) instead of spinning
+/// [`Error::GuardLeaked`] instead of spinning
 /// forever. Receives, RESET (which hands back the leaked batch's requests:
 /// none reached the device) and closing the QP still work.
 ///

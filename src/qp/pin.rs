@@ -1,4 +1,4 @@
-//! Template sources kept by the QP: each [`SendTemplate`](super::SendTemplate)
+//! Template sources kept by the QP: each [`SendTemplate`]
 //! the QP posted from has a [`Pin`] in its bookkeeping, which keeps the
 //! source alive while a request from it may be outstanding, so that the
 //! requests' ledger records hold nothing.
@@ -13,7 +13,7 @@ use super::template::{RawWr, SendTemplate};
 use crate::mr::SharedChunk;
 use crate::sys;
 
-/// What a [`SendTemplate`](super::SendTemplate) (with its clones) shares
+/// What a [`SendTemplate`] (with its clones) shares
 /// with the QP it posts on: whether a request from it may be outstanding
 /// there (`active`, kept by the QP), and the source's handle, which the
 /// template leaves here when it is dropped while `active` is set.

@@ -8,7 +8,7 @@
 //! that a matter of ownership, as io_uring bindings do:
 //!
 //! * buffers are [`Chunk`]s: owned, disjoint pieces of a registered region;
-//! * [`SendWr`] and [`RecvWr`] take their chunks *by value*; posting moves
+//! * [`SendWr`] and [`RecvWr`](super::RecvWr) take their chunks *by value*; posting moves
 //!   them into the queue's ledger of outstanding requests, where no Rust
 //!   code can reach them;
 //! * they come back only once the device is provably done with them:
@@ -33,7 +33,7 @@
 //! completion of another QP, SRQ, device or context, of a QP destroyed
 //! before, one reclaimed already, or one from before a RESET, ends nothing,
 //! and `reclaim` routes by the kind (an SRQ tag goes to the QP's SRQ),
-//! never by trying one table and then another. [`WorkCompletion`]s cannot
+//! never by trying one table and then another. [`WorkCompletion`](crate::WorkCompletion)s cannot
 //! be made up in safe code except as all-zero (tag `0`, which is never
 //! issued). The bookkeeping is a pure module with a randomized
 //! state-machine test against a model.
@@ -66,7 +66,7 @@
 //! ([`MemoryRegion::read`](crate::MemoryRegion::read) and
 //! [`write`](crate::MemoryRegion::write)), never as a Rust slice. Inline
 //! data is copied by the provider during the post, so it is borrowed only
-//! for the call. Remote addresses ([`RemoteAddr`]) are numbers naming the
+//! for the call. Remote addresses ([`RemoteAddr`](super::RemoteAddr)) are numbers naming the
 //! peer's memory, which the peer's own registration protects.
 //!
 //! The ledgers are allocated when the QP is created (room for every work

@@ -1,6 +1,6 @@
 //! The requests of the safe data path and what they lend: [`SendWr`],
 //! [`RecvWr`], the finished [`Completed`](super::Completed) and a refused post's
-//! [`PostError`].
+//! [`PostError`](super::PostError).
 //!
 //! # Layout
 //!
