@@ -19,6 +19,7 @@ mod mw;
 mod objects;
 mod port_cache;
 mod qp;
+mod recv_buffers;
 mod recv_model;
 mod remote;
 mod template_pins;
@@ -34,6 +35,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(by_value::TESTS);
+    tests.extend_from_slice(recv_buffers::TESTS);
     tests.extend_from_slice(template_pins::TESTS);
     tests.extend_from_slice(recv_model::TESTS);
     tests.extend_from_slice(ex::TESTS);
