@@ -13,6 +13,13 @@
 //!   or `<prefix>/lib/<triple>`);
 //! * `IBVERBS_INCLUDE_DIR` / `IBVERBS_LIB_DIR`: the two directories named apart;
 //! * otherwise `pkg-config libibverbs`.
+//!
+//! The oldest rdma-core it builds against is 33 ([`FLOOR`]): the library's
+//! release (pkg-config's version, or the `libibverbs.so.1.<abi>.<release>.*`
+//! file) is checked first, with a clear message when it is older. What the
+//! crate uses of later releases is found in the generated bindings
+//! ([`PROBES`], emitted as `cfg`s) or, for enumeration values, added with
+//! their ABI values where the headers lack them ([`COMPAT_CONSTS`]).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -41,6 +48,92 @@ struct Ibverbs {
     /// The library directory named by `RDMA_CORE_DIR`/`IBVERBS_LIB_DIR`
     /// (None when pkg-config found it).
     lib_dir: Option<PathBuf>,
+    /// The rdma-core release of the library, when it tells (pkg-config's
+    /// version, or the `libibverbs.so.1.<abi>.<release>.<patch>` file).
+    release: Option<u32>,
+}
+
+/// The oldest rdma-core this crate builds against.
+const FLOOR: u32 = 33;
+
+/// What the crate uses that rdma-core added after [`FLOOR`]: the cfg set
+/// when the headers have it, a text only the generated bindings of such
+/// headers contain, and the release that added it.
+const PROBES: &[(&str, &str, u32)] = &[
+    // `struct ibv_device_attr_ex::phys_port_cnt_ex` (rdma-core 35).
+    ("rdma_core_phys_port_cnt_ex", "pub phys_port_cnt_ex:", 35),
+];
+
+/// Enumeration values of later releases, added to the bindings when the
+/// headers lack them (the values are libibverbs' ABI, the same in every
+/// release that has them), so that the crate's enums and flags are the
+/// same whatever rdma-core it was built against; a device of an older
+/// rdma-core never reports them. (bindgen module or type, constant, the
+/// Rust item, release.)
+const COMPAT_CONSTS: &[(&str, &str, &str, u32)] = &[
+    ("pub mod ibv_wc_opcode {", "IBV_WC_ATOMIC_WRITE", "pub const IBV_WC_ATOMIC_WRITE: Type = 9;", 44),
+    ("pub mod ibv_wc_opcode {", "IBV_WC_DRIVER2", "pub const IBV_WC_DRIVER2: Type = 136;", 36),
+    ("pub mod ibv_wc_opcode {", "IBV_WC_DRIVER3", "pub const IBV_WC_DRIVER3: Type = 137;", 36),
+    (
+        "impl ibv_qp_create_send_ops_flags {",
+        "IBV_QP_EX_WITH_ATOMIC_WRITE",
+        "pub const IBV_QP_EX_WITH_ATOMIC_WRITE: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(4096);",
+        44,
+    ),
+];
+
+/// `bindings` with the [`COMPAT_CONSTS`] its headers lack, each as the
+/// first item of its module or `impl` block (the [`PROBES`] read the
+/// bindings before, so they see the headers' own items only).
+fn with_compat(mut bindings: String) -> String {
+    for &(anchor, name, item, since) in COMPAT_CONSTS {
+        if bindings.contains(&format!("pub const {name}:")) {
+            continue;
+        }
+        let Some(at) = bindings.find(anchor) else {
+            fail(&format!("the bindings have no `{anchor}` (for {name})"));
+        };
+        let at = at + anchor.len();
+        bindings.insert_str(
+            at,
+            &format!("\n    #[doc = \"Not in these headers (rdma-core {since} added it); the value of later ones.\"]\n    {item}"),
+        );
+    }
+    bindings
+}
+
+/// The release in an rdma-core library version `1.<abi>.<release>[.<patch>]`
+/// (pkg-config's, or the shared object's file name).
+fn release_of(version: &str) -> Option<u32> {
+    let mut parts = version.split('.');
+    let (Some("1"), Some(_abi), Some(release)) = (parts.next(), parts.next(), parts.next()) else {
+        return None;
+    };
+    release.parse().ok()
+}
+
+/// The release of the `libibverbs.so.1.*` in `dir`, if its file name says.
+fn release_in(dir: &Path) -> Option<u32> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            release_of(name.strip_prefix("libibverbs.so.")?)
+        })
+        .max()
+}
+
+/// Stops the build, before any compile error, when the library is older
+/// than the floor.
+fn check_floor(release: Option<u32>, from: &str) {
+    match release {
+        Some(r) if r < FLOOR => fail(&format!(
+            "{from} is rdma-core {r}, older than the oldest this crate supports ({FLOOR}, \
+             Debian 11's)"
+        )),
+        _ => {}
+    }
 }
 
 fn env_path(name: &str) -> Option<PathBuf> {
@@ -73,9 +166,12 @@ fn find_ibverbs() -> Ibverbs {
                 ))
             });
         link_from(&lib);
+        let release = release_in(&lib);
+        check_floor(release, &format!("RDMA_CORE_DIR={}", prefix.display()));
         return Ibverbs {
             include_dirs: vec![include],
             lib_dir: Some(lib),
+            release,
         };
     }
     let include = env_path("IBVERBS_INCLUDE_DIR");
@@ -83,9 +179,12 @@ fn find_ibverbs() -> Ibverbs {
     match (include, lib) {
         (Some(include), Some(lib)) => {
             link_from(&lib);
+            let release = release_in(&lib);
+            check_floor(release, &format!("IBVERBS_LIB_DIR={}", lib.display()));
             return Ibverbs {
                 include_dirs: vec![include],
                 lib_dir: Some(lib),
+                release,
             };
         }
         (None, None) => {}
@@ -95,10 +194,15 @@ fn find_ibverbs() -> Ibverbs {
         .atleast_version("1.1")
         .probe("libibverbs")
     {
-        Ok(lib) => Ibverbs {
-            include_dirs: lib.include_paths,
-            lib_dir: None,
-        },
+        Ok(lib) => {
+            let release = release_of(&lib.version);
+            check_floor(release, &format!("pkg-config's libibverbs {}", lib.version));
+            Ibverbs {
+                include_dirs: lib.include_paths,
+                lib_dir: None,
+                release,
+            }
+        }
         Err(e) => fail(&format!("pkg-config did not find libibverbs ({e})")),
     }
 }
@@ -226,8 +330,20 @@ fn main() {
             fail(&format!("libclang is missing or unusable ({msg})"))
         }
     };
-    bindings
-        .write_to_file(out_dir.join("bindings.rs"))
+    // The probes read the headers' own items, before any compat item.
+    let text = bindings.to_string();
+    for &(cfg, marker, _since) in PROBES {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        if text.contains(marker) {
+            println!("cargo:rustc-cfg={cfg}");
+        }
+    }
+    let text = with_compat(text);
+    let release = ibverbs
+        .release
+        .map_or_else(|| "unknown".to_owned(), |r| r.to_string());
+    println!("cargo:rustc-env=RDMA_VERBS_RDMA_CORE={release}");
+    std::fs::write(out_dir.join("bindings.rs"), text)
         .unwrap_or_else(|e| fail(&format!("cannot write bindings.rs: {e}")));
 
     // The C wrappers bindgen wrote for the `static inline` functions.

@@ -222,7 +222,7 @@ impl DeviceAttr {
             max_srq_sge: count(a.max_srq_sge),
             max_pkeys: a.max_pkeys,
             local_ca_ack_delay: a.local_ca_ack_delay,
-            phys_port_cnt: u32::from(a.phys_port_cnt).max(ex.phys_port_cnt_ex),
+            phys_port_cnt: phys_port_cnt(a, ex),
             completion_timestamp_mask: ex.completion_timestamp_mask,
             hca_core_clock_khz: ex.hca_core_clock,
             packet_pacing: PacketPacingCaps {
@@ -233,6 +233,18 @@ impl DeviceAttr {
             raw_packet_caps: ex.raw_packet_caps,
             max_dm_size: ex.max_dm_size,
         }
+    }
+}
+
+/// `phys_port_cnt`, or `phys_port_cnt_ex` where larger (rdma-core 35 and
+/// later; older headers have only the 8-bit count).
+fn phys_port_cnt(a: &sys::ibv_device_attr, ex: &sys::ibv_device_attr_ex) -> u32 {
+    #[cfg(rdma_core_phys_port_cnt_ex)]
+    return u32::from(a.phys_port_cnt).max(ex.phys_port_cnt_ex);
+    #[cfg(not(rdma_core_phys_port_cnt_ex))]
+    {
+        let _ = ex;
+        u32::from(a.phys_port_cnt)
     }
 }
 
