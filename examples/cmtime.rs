@@ -78,6 +78,8 @@
 
 #[path = "common/gai.rs"]
 mod gai;
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -955,6 +957,7 @@ fn server(ch: &EventChannel, o: &Options) -> i32 {
 // ---------------------------------------------------------------------------
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     let o = match parse_args() {
         Ok(o) => o,
         Err(code) => return code,

@@ -5,6 +5,9 @@
 //! ```
 //! `-l` lists device names only; `-v` adds every device limit.
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
+
 use std::process::ExitCode;
 
 use rdma_verbs::{Context, DeviceList, GidType, LinkLayer, Result};
@@ -44,6 +47,7 @@ fn parse() -> std::result::Result<Options, ExitCode> {
 }
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     let opts = match parse() {
         Ok(o) => o,
         Err(code) => return code,

@@ -41,6 +41,8 @@
 
 #![forbid(unsafe_code)]
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "common/ud_cm.rs"]
 mod ud_cm;
 
@@ -140,6 +142,7 @@ struct Mckey {
 }
 
 fn main() {
+    quiet_pipe::install();
     let args = ud_cm::args();
     let o = parse(&args);
     if o.unmapped && o.src.is_none() {

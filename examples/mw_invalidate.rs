@@ -75,6 +75,8 @@
 //!    `DONE`; server `OK`. Either side sends `FAIL reason` instead when a
 //!    step went wrong, so that both stop and say why.
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "common/tcp_example.rs"]
 mod tcp_example;
 
@@ -215,6 +217,7 @@ fn parse() -> std::result::Result<(Options, Option<String>), String> {
 }
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     tcp_example::main("mw_invalidate", USAGE, parse, server, client)
 }
 

@@ -111,6 +111,8 @@ mod ex;
 mod opts;
 #[path = "perf/path.rs"]
 mod path;
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "perf/raw.rs"]
 #[allow(unsafe_code)]
 mod raw;
@@ -137,6 +139,7 @@ use setup::Ctrl;
 static ALLOC: allocs::Counting = allocs::Counting;
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match opts::parse(&args) {
         Ok(o) => o,

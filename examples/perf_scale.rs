@@ -26,6 +26,9 @@
 //! program.
 #![forbid(unsafe_code)]
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -33,17 +36,29 @@ use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, QpNum};
 use rdma_verbs::{Context, Gid, QpCaps, QpInitAttr, QpType, QueuePair, Result};
 
 struct Options {
+    /// `-h`/`--help`: print the usage and the options, and exit.
+    help: bool,
     device: Option<String>,
     port: u8,
     gid_index: Option<u8>,
     n: usize,
 }
 
+/// The options, below [`USAGE`] in `--help`.
+const OPTIONS: &str = concat!(
+    "  -d DEV      the device (default: the first)\n",
+    "  -i PORT     its port (default 1)\n",
+    "  -x GIDIDX   the source GID index (default: none, no GRH; RoCE needs one)\n",
+    "  -n N        connected QPs, an even count (default 1000)\n",
+    "  -h, --help  this text",
+);
+
 const USAGE: &str = "usage: perf_scale [-d DEV] [-i PORT] [-x GIDIDX] [-n N]";
 const DEPTH: u32 = 64;
 
 fn parse() -> std::result::Result<Options, String> {
     let mut o = Options {
+        help: false,
         device: None,
         port: 1,
         gid_index: None,
@@ -63,6 +78,7 @@ fn parse() -> std::result::Result<Options, String> {
                     .filter(|&n: &usize| n > 0 && n % 2 == 0)
                     .ok_or("bad -n (a positive even count)")?
             }
+            "-h" | "--help" => o.help = true,
             _ => return Err(format!("unknown option {a}")),
         }
     }
@@ -70,6 +86,7 @@ fn parse() -> std::result::Result<Options, String> {
 }
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     let opts = match parse() {
         Ok(o) => o,
         Err(e) => {
@@ -77,6 +94,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if opts.help {
+        println!("{USAGE}\n{OPTIONS}");
+        return ExitCode::SUCCESS;
+    }
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -18,6 +18,9 @@
 //! kernel calls of each with strace.
 #![forbid(unsafe_code)]
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -28,16 +31,28 @@ use rdma_verbs::qp::{
 use rdma_verbs::{AccessFlags, Context, Result};
 
 struct Options {
+    /// `-h`/`--help`: print the usage and the options, and exit.
+    help: bool,
     device: Option<String>,
     port: u8,
     gid_index: Option<u8>,
     n: u32,
 }
 
+/// The options, below [`USAGE`] in `--help`.
+const OPTIONS: &str = concat!(
+    "  -d DEV      the device (default: the first)\n",
+    "  -i PORT     its port (default 1)\n",
+    "  -x GIDIDX   the source GID index (default: none, no GRH; RoCE needs one)\n",
+    "  -n N        QPs to set up and destroy (default 200)\n",
+    "  -h, --help  this text",
+);
+
 const USAGE: &str = "usage: perf_setup [-d DEV] [-i PORT] [-x GIDIDX] [-n N]";
 
 fn parse() -> std::result::Result<Options, String> {
     let mut o = Options {
+        help: false,
         device: None,
         port: 1,
         gid_index: None,
@@ -57,6 +72,7 @@ fn parse() -> std::result::Result<Options, String> {
                     .filter(|&n| n > 0)
                     .ok_or("bad -n (a positive count)")?
             }
+            "-h" | "--help" => o.help = true,
             _ => return Err(format!("unknown option {a}")),
         }
     }
@@ -64,6 +80,7 @@ fn parse() -> std::result::Result<Options, String> {
 }
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     let opts = match parse() {
         Ok(o) => o,
         Err(e) => {
@@ -71,6 +88,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if opts.help {
+        println!("{USAGE}\n{OPTIONS}");
+        return ExitCode::SUCCESS;
+    }
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -8,6 +8,8 @@
 //! enough. The typed builders are used throughout; the last step shows the
 //! validator refusing a modify before it reaches the device.
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "common/time.rs"]
 mod time;
 
@@ -17,7 +19,19 @@ use std::time::Duration;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Context, Result};
 
+/// The options, below [`USAGE`] in `--help`.
+const OPTIONS: &str = concat!(
+    "  -d, --ib-dev DEVICE   the device (default: the first)\n",
+    "  -i, --ib-port PORT    its port (default 1)\n",
+    "  -g, --gid-idx INDEX   the source GID index (default: on RoCE the first RoCE v2 GID, IPv4-mapped if any)\n",
+    "  -h, --help            this text",
+);
+
+const USAGE: &str = "usage: qp_state_machine [-d DEVICE] [-i PORT] [-g GID_INDEX]";
+
 struct Options {
+    /// `-h`/`--help`: print the usage and the options, and exit.
+    help: bool,
     device: Option<String>,
     port: u8,
     gid_index: Option<u8>,
@@ -25,6 +39,7 @@ struct Options {
 
 fn parse() -> std::result::Result<Options, String> {
     let mut o = Options {
+        help: false,
         device: None,
         port: 1,
         gid_index: None,
@@ -38,6 +53,7 @@ fn parse() -> std::result::Result<Options, String> {
             "-g" | "--gid-idx" => {
                 o.gid_index = Some(value()?.parse().map_err(|_| "bad GID index")?)
             }
+            "-h" | "--help" => o.help = true,
             _ => return Err(format!("unknown option {a}")),
         }
     }
@@ -45,13 +61,18 @@ fn parse() -> std::result::Result<Options, String> {
 }
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     let opts = match parse() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("qp_state_machine: {e}\nusage: qp_state_machine [-d DEVICE] [-i PORT] [-g GID_INDEX]");
+            eprintln!("qp_state_machine: {e}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
+    if opts.help {
+        println!("{USAGE}\n{OPTIONS}");
+        return ExitCode::SUCCESS;
+    }
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

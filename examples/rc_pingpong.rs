@@ -54,6 +54,8 @@
 
 #[path = "common/pingpong.rs"]
 mod pingpong;
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 
 use std::process::ExitCode;
 
@@ -105,6 +107,7 @@ const PROGRAM: Program = Program {
 };
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     pingpong::main_with(&PROGRAM, run)
 }
 

@@ -63,6 +63,8 @@
 //! host) unless the QP asked for the standard behaviour; a wrong byte order
 //! shows here as an error that says so.
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "common/tcp_example.rs"]
 mod tcp_example;
 
@@ -217,6 +219,7 @@ fn parse() -> std::result::Result<(Options, Option<String>), String> {
 }
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     tcp_example::main("rdma_ops", USAGE, parse, server, client)
 }
 

@@ -104,6 +104,8 @@ mod gai;
 mod opts;
 #[path = "rping/out.rs"]
 mod out;
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "rping/server.rs"]
 mod server;
 #[path = "common/time.rs"]
@@ -115,6 +117,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use rdma_verbs::cm::{EventChannel, PortSpace};
 
 fn main() {
+    quiet_pipe::install();
     let args: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())

@@ -37,6 +37,8 @@
 
 #[path = "common/pingpong.rs"]
 mod pingpong;
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -91,6 +93,7 @@ const PROGRAM: Program = Program {
 };
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     pingpong::main_with(&PROGRAM, run)
 }
 

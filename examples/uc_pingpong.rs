@@ -34,6 +34,8 @@
 
 #[path = "common/pingpong.rs"]
 mod pingpong;
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 
 use std::process::ExitCode;
 
@@ -74,6 +76,7 @@ const PROGRAM: Program = Program {
 };
 
 fn main() -> ExitCode {
+    quiet_pipe::install();
     pingpong::main_with(&PROGRAM, run)
 }
 

@@ -42,6 +42,8 @@
 
 #![forbid(unsafe_code)]
 
+#[path = "common/quiet_pipe.rs"]
+mod quiet_pipe;
 #[path = "common/ud_cm.rs"]
 mod ud_cm;
 
@@ -141,6 +143,7 @@ struct Udaddy {
 }
 
 fn main() {
+    quiet_pipe::install();
     let args = ud_cm::args();
     let o = parse(&args);
     let Some(ch) = ud_cm::create_first_event_channel() else {
