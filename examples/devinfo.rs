@@ -77,6 +77,9 @@ fn run(opts: &Options) -> Result<()> {
         }
         return Ok(());
     }
+    if opts.verbose {
+        print_library();
+    }
     let devices: Vec<_> = match &opts.device {
         Some(name) => vec![list.find(name)?],
         None => list.iter().collect(),
@@ -86,6 +89,27 @@ fn run(opts: &Options) -> Result<()> {
         print_device(&ctx, dev.transport_type(), opts)?;
     }
     Ok(())
+}
+
+/// `-v`: the libibverbs this process runs with and the rdma-core release
+/// the crate was built against (they differ when a build against a prefix
+/// runs without `LD_LIBRARY_PATH` at the prefix's library).
+fn print_library() {
+    let release = |r: Option<u32>| r.map_or_else(|| "unknown".to_owned(), |r| r.to_string());
+    let built = release(rdma_verbs::sys::RDMA_CORE_RELEASE);
+    match rdma_verbs::sys::loaded_libibverbs() {
+        Some(lib) => {
+            println!(
+                "libibverbs:	{} (rdma-core {}; built against rdma-core {built})",
+                lib.path.display(),
+                release(lib.release)
+            );
+            if lib.release.is_some() && lib.release != rdma_verbs::sys::RDMA_CORE_RELEASE {
+                println!("	(not the release of the headers this program was built with)");
+            }
+        }
+        None => println!("libibverbs:	not found (built against rdma-core {built})"),
+    }
 }
 
 fn print_device(ctx: &Context, transport: rdma_verbs::TransportType, opts: &Options) -> Result<()> {

@@ -47,6 +47,79 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 /// oldest the build accepts is 33.
 pub const RDMA_CORE_RELEASE: Option<u32> = parse_release(env!("RDMA_VERBS_RDMA_CORE"));
 
+/// The libibverbs a process runs with: the file the dynamic linker
+/// loaded, its symbolic links resolved, and the rdma-core release its
+/// name says (`libibverbs.so.1.<abi>.<release>.<patch>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedLibrary {
+    /// The library's file, e.g.
+    /// `/usr/lib/x86_64-linux-gnu/libibverbs.so.1.14.44.0`.
+    pub path: std::path::PathBuf,
+    /// Its rdma-core release (44 above), when the name says.
+    pub release: Option<u32>,
+}
+
+/// The libibverbs this process runs with, to compare with the one it was
+/// built against ([`RDMA_CORE_RELEASE`]); `None` if the dynamic linker
+/// does not say.
+///
+/// A build against a prefix (`RDMA_CORE_DIR`, `IBVERBS_LIB_DIR`) puts no
+/// RPATH into the programs that use this crate: Cargo passes a library's
+/// link arguments to that library's own tests and examples only. Such a
+/// program runs with whichever libibverbs the dynamic linker finds, the
+/// system's unless `LD_LIBRARY_PATH` (or the program's own RPATH) names
+/// the prefix's; this says which one it was. A library older than the
+/// headers may lack what the crate asks of it (the calls that need a newer
+/// release then fail, or the provider refuses); a newer one is what
+/// rdma-core keeps compatible.
+///
+/// ```no_run
+/// let lib = rdma_verbs::sys::loaded_libibverbs();
+/// if let Some(lib) = &lib {
+///     if lib.release != rdma_verbs::sys::RDMA_CORE_RELEASE {
+///         eprintln!(
+///             "built against rdma-core {:?}, running {} ({:?})",
+///             rdma_verbs::sys::RDMA_CORE_RELEASE,
+///             lib.path.display(),
+///             lib.release
+///         );
+///     }
+/// }
+/// ```
+#[doc(alias = "dladdr")]
+pub fn loaded_libibverbs() -> Option<LoadedLibrary> {
+    use std::os::unix::ffi::OsStrExt;
+    // The address of a libibverbs function as the dynamic linker resolved
+    // it (not a PLT stub of the program's own).
+    // SAFETY: dlsym reads a NUL-terminated name; RTLD_DEFAULT searches the
+    // objects the process loaded.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"ibv_get_device_list".as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: all-zero is a valid `Dl_info` (null pointers), which dladdr
+    // overwrites.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `f` is an address in a loaded object; dladdr only reads it
+    // and writes `info`.
+    if unsafe { libc::dladdr(f, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr set `dli_fname` to the NUL-terminated name the dynamic
+    // linker keeps for the object, which stays loaded (the program links
+    // it); it is copied out at once.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let release = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("libibverbs.so.1."))
+        .and_then(|rest| rest.split('.').nth(1))
+        .and_then(parse_release);
+    Some(LoadedLibrary { path, release })
+}
+
 /// A decimal number, or `None` (the build script writes `unknown`).
 const fn parse_release(s: &str) -> Option<u32> {
     let b = s.as_bytes();
@@ -80,6 +153,19 @@ mod tests {
             RDMA_CORE_RELEASE.is_none_or(|r| r >= 33),
             "{RDMA_CORE_RELEASE:?}"
         );
+    }
+
+    #[test]
+    fn the_loaded_library_is_found() {
+        let lib = loaded_libibverbs().expect("the process links libibverbs");
+        let name = lib.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        assert!(name.starts_with("libibverbs.so.1"), "{lib:?}");
+        assert!(lib.release.is_some_and(|r| r >= 33), "{lib:?}");
+        // With RDMA_VERBS_EXPECT_LIBIBVERBS set (a run against a prefix,
+        // `LD_LIBRARY_PATH` at its library), the release it names.
+        if let Some(want) = std::env::var("RDMA_VERBS_EXPECT_LIBIBVERBS").ok() {
+            assert_eq!(lib.release, want.parse().ok(), "{lib:?}");
+        }
     }
 
     #[test]
