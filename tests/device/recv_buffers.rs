@@ -313,6 +313,30 @@ fn regions_of(pd: &rdma_verbs::ProtectionDomain) -> Result<usize, Failed> {
     }
 }
 
+/// One 8-byte send from `from` (a chunk of `srcs`) into whatever `to`
+/// has posted, both completions reclaimed through the QPs: the send's
+/// chunk back into `srcs`, the receive by `reclaim_one` (which must end
+/// it). Both completions go to `cq`.
+fn send_reclaimed(
+    from: &mut rdma_verbs::QueuePair,
+    to: &mut rdma_verbs::QueuePair,
+    cq: &rdma_verbs::CompletionQueue,
+    srcs: &mut Vec<rdma_verbs::Chunk>,
+    id: u64,
+) -> Result<(), Failed> {
+    let src = srcs.pop().ok_or("no chunk")?;
+    from.post_send([SendWr::new(id, SendOp::Send).sge_len(src, 8)])?;
+    for wc in poll_n(cq, 2)? {
+        ensure!(wc.is_success(), "{wc:?}");
+        if wc.qp_num() == from.qp_num() {
+            from.reclaim_chunks(&wc, srcs);
+        } else {
+            ensure!(to.reclaim_one(&wc).is_some(), "the receive ended nothing");
+        }
+    }
+    Ok(())
+}
+
 /// The QP's pin of a pool's region: taken by the first post, let go when
 /// the pool's last posted buffer ends (its completion, or a RESET), so
 /// that a dropped pool's region is deregistered then, not when the QP
@@ -332,16 +356,7 @@ fn recv_buffers_pin(env: &Env) -> Result<(), Failed> {
     // Two sends: the first ends one buffer (one left: still held), the
     // second the last one (let go).
     for round in 0..2 {
-        let src = srcs.pop().ok_or("no chunk")?;
-        p.a.post_send([SendWr::new(round, SendOp::Send).sge_len(src, 8)])?;
-        for wc in poll_n(&p.cq, 2)? {
-            ensure!(wc.is_success(), "{wc:?}");
-            if wc.qp_num() == p.a.qp_num() {
-                p.a.reclaim_chunks(&wc, &mut srcs);
-            } else {
-                ensure!(p.b.reclaim_one(&wc).is_some(), "the receive ended nothing");
-            }
-        }
+        send_reclaimed(&mut p.a, &mut p.b, &p.cq, &mut srcs, round)?;
         let want = if round == 0 { base + 1 } else { base };
         ensure!(
             regions_of(&p.pd)? == want,
@@ -396,16 +411,7 @@ fn recv_buffers_pin_two_qps(env: &Env) -> Result<(), Failed> {
     drop(bufs);
     ensure!(regions_of(&p.pd)? == base + 1, "kept for a's buffers");
     for round in 0..2 {
-        let src = srcs.pop().ok_or("no chunk")?;
-        p.b.post_send([SendWr::new(round, SendOp::Send).sge_len(src, 8)])?;
-        for wc in poll_n(&p.cq, 2)? {
-            ensure!(wc.is_success(), "{wc:?}");
-            if wc.qp_num() == p.b.qp_num() {
-                p.b.reclaim_chunks(&wc, &mut srcs);
-            } else {
-                ensure!(p.a.reclaim_one(&wc).is_some(), "the receive ended nothing");
-            }
-        }
+        send_reclaimed(&mut p.b, &mut p.a, &p.cq, &mut srcs, round)?;
     }
     // a let go; b, which held none, still has its pin.
     ensure!(regions_of(&p.pd)? == base + 1, "b's pin keeps the region");
