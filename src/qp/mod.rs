@@ -401,18 +401,28 @@ impl QueuePair {
             }
         }
 
-        let mut raw_attr = sys::ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq: attr.send_cq.as_ptr(),
-            recv_cq: attr.recv_cq.as_ptr(),
-            srq: attr
-                .srq
-                .map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr),
-            cap: caps.to_raw(),
-            qp_type: attr.qp_type.as_raw(),
-            sq_sig_all: c_int::from(attr.sq_sig_all),
-        };
-        let raw = match create(&mut raw_attr) {
+        // rdma-core before 38 copies the whole struct, its 4 bytes of tail
+        // padding included, into an `ibv_qp_init_attr_ex`, where they land
+        // on `comp_mask` (rdma-core 74af92ae5, "ibverbs: Don't memcpy
+        // padding in ibv_qp_init_attr"): garbage there is refused with
+        // EINVAL. So every byte is zeroed first and the fields are written
+        // in place: no copy of the struct, which need not keep its padding,
+        // comes between.
+        let mut zeroed = std::mem::MaybeUninit::<sys::ibv_qp_init_attr>::zeroed();
+        // All-zero bytes are a valid `ibv_qp_init_attr`: null pointers and
+        // zero numbers.
+        // SAFETY: so the zeroed value is initialised.
+        let raw_attr = unsafe { zeroed.assume_init_mut() };
+        raw_attr.qp_context = std::ptr::null_mut();
+        raw_attr.send_cq = attr.send_cq.as_ptr();
+        raw_attr.recv_cq = attr.recv_cq.as_ptr();
+        raw_attr.srq = attr
+            .srq
+            .map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr);
+        raw_attr.cap = caps.to_raw();
+        raw_attr.qp_type = attr.qp_type.as_raw();
+        raw_attr.sq_sig_all = c_int::from(attr.sq_sig_all);
+        let raw = match create(raw_attr) {
             Ok(raw) => raw,
             Err(e) if attr.qp_type == QpType::RawPacket && is_unsupported(&e) => {
                 return Err(Error::Unsupported {
