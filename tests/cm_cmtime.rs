@@ -55,7 +55,7 @@ fn main() -> std::process::ExitCode {
     // Fixed ports and one device: one run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("cm_cmtime", TESTS, args)
+    common::run_with("cm_cmtime", TESTS, &[], args)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

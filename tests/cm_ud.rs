@@ -91,7 +91,7 @@ fn main() -> std::process::ExitCode {
     // run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("cm_ud", TESTS, args)
+    common::run_with("cm_ud", TESTS, &[], args)
 }
 
 fn program(side: Side, name: &str) -> Result<PathBuf, Failed> {

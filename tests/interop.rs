@@ -291,7 +291,7 @@ fn main() -> std::process::ExitCode {
     // the loopback ports: one at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("interop", &tests, args)
+    common::run_with("interop", &tests, &[], args)
 }
 
 fn run_n<const N: usize>(env: &Env) -> Result<(), Failed> {

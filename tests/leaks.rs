@@ -45,7 +45,7 @@ fn main() -> std::process::ExitCode {
     // Counts are per device: these tests must not run concurrently.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("leaks", TESTS, args)
+    common::run_with("leaks", TESTS, &[], args)
 }
 
 /// `rdma resource show <dev>` as a map: {"pd": 1, "cq": 1, "qp": 1, ...}.

@@ -22,7 +22,7 @@ use std::process::Command;
 
 use libtest_mimic::Failed;
 
-use common::{procs, rust_example, Env, TestFn};
+use common::{procs, rust_example, Env, Need, TestFn};
 
 const EXAMPLE: &str = "mw_invalidate";
 
@@ -38,7 +38,14 @@ fn main() -> std::process::ExitCode {
     // Fixed TCP ports and one device: one run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("mw_example", tests, args)
+    // rxe before rdma-core 36 has no memory windows (see `common::Need`).
+    let needs = [
+        ("mw_example::local_invalidate", Need::MemoryWindows),
+        ("mw_example::remote_invalidate", Need::MemoryWindows),
+        ("mw_example::type1_unbind", Need::MemoryWindows),
+        ("mw_example::one_byte_window", Need::MemoryWindows),
+    ];
+    common::run_with("mw_example", tests, &needs, args)
 }
 
 fn local_invalidate(env: &Env) -> Result<(), Failed> {

@@ -6,13 +6,23 @@
 //! * `RDMA_VERBS_DEVICE`: the device to test (default: the first one);
 //! * `RDMA_VERBS_PORT`: the port to test (default: 1);
 //! * `RDMA_VERBS_REQUIRE_DEVICE=1`: a missing device fails every test
-//!   instead of skipping it (the VM run always sets it).
+//!   instead of skipping it (the VM run always sets it);
+//! * `RDMA_VERBS_EXPECT_LIBIBVERBS=<release>`: the rdma-core release of the
+//!   libibverbs the tests must run with (a run against another rdma-core's
+//!   libraries, `LD_LIBRARY_PATH` at them); any other fails the run;
+//! * `RDMA_VERBS_ALLOW_UNSUPPORTED=1`: a test that [`Need`]s a verb the
+//!   device's provider lacks (rxe of rdma-core 33 has no `ibv_create_qp_ex`,
+//!   `ibv_create_cq_ex` or memory windows) is reported skipped, with the crate's typed
+//!   refusal as the reason, even where a device is required. Without it such
+//!   a test runs (and fails) wherever a device is required, so that a run
+//!   against the newest rdma-core can never skip quietly.
 #![allow(dead_code)]
 
 use std::process::ExitCode;
 
-use libtest_mimic::{Arguments, Failed, Trial};
-use rdma_verbs::{Context, DeviceList};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use rdma_verbs::qp::SendOpsFlags;
+use rdma_verbs::{Context, DeviceList, Error, MwType, QpInitAttr, QpType};
 
 /// What a device test gets: an open context on the chosen device, and the port.
 pub struct Env {
@@ -59,17 +69,134 @@ pub fn env() -> Result<Env, Failed> {
     Ok(Env { ctx, port: port() })
 }
 
-/// Runs `tests` as libtest-mimic trials, with the command line's arguments.
-pub fn run(binary: &str, tests: &[(&'static str, TestFn)]) -> ExitCode {
-    run_with(binary, tests, Arguments::from_args())
+/// A verb some providers lack, which a test cannot do without.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// `ibv_create_qp_ex` with send operations (`ibv_wr_*` batches).
+    ExtendedQp,
+    /// `ibv_create_cq_ex`.
+    ExtendedCq,
+    /// `ibv_alloc_mw` (a type 2 window).
+    MemoryWindows,
 }
 
-/// Runs `tests` as libtest-mimic trials.
-pub fn run_with(binary: &str, tests: &[(&'static str, TestFn)], args: Arguments) -> ExitCode {
+impl Need {
+    /// Asks the device once: `Some(refusal)` when the crate answers
+    /// `Error::Unsupported` (the typed refusal is itself what is checked:
+    /// any other error is no reason to skip).
+    fn missing(self, env: &Env) -> Option<String> {
+        let refused = |r: Result<(), Error>| match r {
+            Err(e @ Error::Unsupported { .. }) => Some(e.to_string()),
+            _ => None,
+        };
+        match self {
+            Need::ExtendedCq => refused(env.ctx.create_cq_ex(16).standard().build().map(drop)),
+            Need::MemoryWindows => {
+                let pd = env.ctx.alloc_pd().ok()?;
+                refused(pd.alloc_mw(MwType::Type2).map(drop))
+            }
+            Need::ExtendedQp => {
+                let pd = env.ctx.alloc_pd().ok()?;
+                let cq = env.ctx.create_cq(16).ok()?;
+                let attr = QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::SEND);
+                refused(pd.create_qp(&attr).map(drop))
+            }
+        }
+    }
+}
+
+/// Whether a run may skip what the provider lacks (`RDMA_VERBS_ALLOW_UNSUPPORTED`).
+fn unsupported_allowed() -> bool {
+    matches!(
+        std::env::var("RDMA_VERBS_ALLOW_UNSUPPORTED").as_deref(),
+        Ok("1" | "true" | "yes")
+    )
+}
+
+/// Runs `tests` as libtest-mimic trials, with the command line's arguments.
+pub fn run(binary: &str, tests: &[(&'static str, TestFn)]) -> ExitCode {
+    run_needing(binary, tests, &[])
+}
+
+/// Runs `tests`, where `needs` names what some of them cannot do without:
+/// each entry is a test's full name, or a module's prefix ending in `::`.
+/// A test whose need the device refuses is skipped with the refusal as
+/// its reason when the run allows it (see the module's docs).
+pub fn run_needing(
+    binary: &str,
+    tests: &[(&'static str, TestFn)],
+    needs: &[(&'static str, Need)],
+) -> ExitCode {
+    run_with(binary, tests, needs, Arguments::from_args())
+}
+
+fn matches_need(name: &str, pat: &str) -> bool {
+    if pat.ends_with("::") {
+        name.starts_with(pat)
+    } else {
+        name == pat
+    }
+}
+
+/// For each [`Need`] of `needs` the device refuses: the refusal.
+fn refusals(binary: &str, needs: &[(&'static str, Need)]) -> Vec<(Need, String)> {
+    let mut kinds: Vec<Need> = needs.iter().map(|&(_, n)| n).collect();
+    kinds.dedup();
+    let Ok(env) = env() else { return Vec::new() };
+    let mut out = Vec::new();
+    for need in [Need::ExtendedQp, Need::ExtendedCq, Need::MemoryWindows] {
+        if !kinds.contains(&need) {
+            continue;
+        }
+        if let Some(why) = need.missing(&env) {
+            let n = needs.iter().filter(|&&(_, k)| k == need).count();
+            if unsupported_allowed() || !device_required() {
+                eprintln!("{binary}: SKIPPED what needs {need:?} ({n} name(s)): {why}");
+            } else {
+                eprintln!(
+                    "{binary}: the device refuses {need:?} ({why}); the tests that need it run \
+                     and fail (set RDMA_VERBS_ALLOW_UNSUPPORTED=1 to skip them)"
+                );
+                continue;
+            }
+            out.push((need, why));
+        }
+    }
+    out
+}
+
+/// Runs `tests` as libtest-mimic trials; `needs` as for [`run_needing`].
+pub fn run_with(
+    binary: &str,
+    tests: &[(&'static str, TestFn)],
+    needs: &[(&'static str, Need)],
+    args: Arguments,
+) -> ExitCode {
+    for &(pat, _) in needs {
+        if !tests.iter().any(|&(name, _)| matches_need(name, pat)) {
+            eprintln!("{binary}: the need `{pat}` names no test");
+            return ExitCode::FAILURE;
+        }
+    }
     let device = device_name();
     let skip = match &device {
         Ok(name) => {
-            eprintln!("{binary}: device tests run against {name}, port {}", port());
+            let lib = rdma_verbs::sys::loaded_libibverbs();
+            let (path, release) = lib.map_or((None, None), |l| (Some(l.path), l.release));
+            eprintln!(
+                "{binary}: device tests run against {name}, port {}, with {} (rdma-core {}; built against {})",
+                port(),
+                path.as_deref().map_or("an unknown libibverbs".into(), |p| p.display().to_string()),
+                release.map_or("?".into(), |r| r.to_string()),
+                rdma_verbs::sys::RDMA_CORE_RELEASE.map_or("?".into(), |r| r.to_string()),
+            );
+            // A run against another rdma-core names the one it must load.
+            if let Ok(want) = std::env::var("RDMA_VERBS_EXPECT_LIBIBVERBS") {
+                if release != want.parse().ok() {
+                    eprintln!("{binary}: RDMA_VERBS_EXPECT_LIBIBVERBS={want}, but that is not the libibverbs loaded");
+                    return ExitCode::FAILURE;
+                }
+            }
             false
         }
         Err(why) if device_required() => {
@@ -85,12 +212,25 @@ pub fn run_with(binary: &str, tests: &[(&'static str, TestFn)], args: Arguments)
             true
         }
     };
+    let refused = if device.is_ok() {
+        refusals(binary, needs)
+    } else {
+        Vec::new()
+    };
     let trials = tests
         .iter()
         .map(|&(name, f)| {
-            Trial::test(name, move || {
+            let why = needs
+                .iter()
+                .filter(|&&(pat, _)| matches_need(name, pat))
+                .find_map(|&(_, need)| refused.iter().find(|(n, _)| *n == need))
+                .map(|(need, why)| format!("needs {need:?}: {why}"));
+            Trial::ignorable_test(name, move || {
+                if let Some(why) = why {
+                    return Ok(Completion::ignored_with(why));
+                }
                 let env = env()?;
-                f(&env)
+                f(&env).map(|()| Completion::Completed)
             })
             .with_ignored_flag(skip)
         })

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 #[macro_use]
 mod common;
+use common::Need;
 
 mod bring_up;
 mod by_value;
@@ -44,5 +45,20 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(port_cache::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
-    common::run("device", &tests)
+    common::run_needing("device", &tests, NEEDS)
 }
+
+/// What rxe lacks before rdma-core 34 (extended QPs and CQs) and 36 (memory
+/// windows); see `common::Need`.
+const NEEDS: &[(&str, Need)] = &[
+    ("ex::", Need::ExtendedQp),
+    ("mw::", Need::MemoryWindows),
+    ("mw::", Need::ExtendedQp),
+    (
+        "mw::send_with_invalidate_seen_through_an_extended_cq",
+        Need::ExtendedCq,
+    ),
+    ("cq_ex::", Need::ExtendedCq),
+    #[cfg(feature = "cm")]
+    ("cm::extended_cm_qps_post_batches", Need::ExtendedQp),
+];
