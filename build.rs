@@ -237,9 +237,46 @@ fn find_rdmacm(ibverbs: &Ibverbs) -> Vec<PathBuf> {
     }
 }
 
+/// Bindings for docs.rs, whose builders have no rdma-core: this crate's
+/// bindings of Debian 12's rdma-core 44 with the `cm` feature, exactly as
+/// the build writes them there (CI checks that they still are).
+const DOCS_RS_BINDINGS: &str = "src/sys/bindings-docs-rs.rs";
+/// The rdma-core release of [`DOCS_RS_BINDINGS`].
+const DOCS_RS_RELEASE: u32 = 44;
+
+/// The `cfg`s of [`PROBES`] that `bindings` (the headers' own items) have.
+fn emit_probes(bindings: &str) {
+    for &(cfg, marker, _since) in PROBES {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+        if bindings.contains(marker) {
+            println!("cargo:rustc-cfg={cfg}");
+        }
+    }
+}
+
+/// With `DOCS_RS` set (docs.rs sets it): documentation only, on a machine
+/// that may have neither rdma-core nor libclang. The bindings are
+/// [`DOCS_RS_BINDINGS`]; nothing is linked or compiled, so nothing built
+/// this way can run.
+fn docs_rs(manifest_dir: &Path, out_dir: &Path) {
+    let path = manifest_dir.join(DOCS_RS_BINDINGS);
+    println!("cargo:rerun-if-changed={}", path.display());
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", path.display())));
+    emit_probes(&text);
+    println!("cargo:rustc-env=RDMA_VERBS_RDMA_CORE={DOCS_RS_RELEASE}");
+    std::fs::write(out_dir.join("bindings.rs"), with_compat(text))
+        .unwrap_or_else(|e| fail(&format!("cannot write bindings.rs: {e}")));
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=build.rs");
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
+    if env_path("DOCS_RS").is_some() {
+        return docs_rs(&manifest_dir, &out_dir);
+    }
 
     let ibverbs = find_ibverbs();
     let cm = env::var_os("CARGO_FEATURE_CM").is_some();
@@ -247,8 +284,6 @@ fn main() {
     if cm {
         include_dirs.extend(find_rdmacm(&ibverbs));
     }
-    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
     let wrapper = manifest_dir.join("wrapper.h");
 
     if !ibverbs
@@ -332,12 +367,7 @@ fn main() {
     };
     // The probes read the headers' own items, before any compat item.
     let text = bindings.to_string();
-    for &(cfg, marker, _since) in PROBES {
-        println!("cargo::rustc-check-cfg=cfg({cfg})");
-        if text.contains(marker) {
-            println!("cargo:rustc-cfg={cfg}");
-        }
-    }
+    emit_probes(&text);
     let text = with_compat(text);
     let release = ibverbs
         .release
