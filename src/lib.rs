@@ -82,6 +82,8 @@
 #![cfg_attr(not(feature = "cm"), allow(rustdoc::broken_intra_doc_links))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// docs.rs builds with `--cfg docsrs` on nightly: mark what needs a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[macro_use]
 mod macros;
@@ -89,6 +91,7 @@ mod macros;
 mod ah;
 mod channel;
 #[cfg(feature = "cm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cm")))]
 pub mod cm;
 mod context;
 mod cq;
@@ -98,6 +101,7 @@ mod device_attr;
 mod error;
 mod event;
 mod gid;
+pub mod guide;
 mod handle;
 mod mr;
 pub mod mw;
