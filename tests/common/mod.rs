@@ -119,7 +119,8 @@ pub fn run(binary: &str, tests: &[(&'static str, TestFn)]) -> ExitCode {
 }
 
 /// Runs `tests`, where `needs` names what some of them cannot do without:
-/// each entry is a test's full name, or a module's prefix ending in `::`.
+/// each entry is a test's full name, a module's prefix ending in `::`, or
+/// a prefix followed by `*`.
 /// A test whose need the device refuses is skipped with the refusal as
 /// its reason when the run allows it (see the module's docs).
 pub fn run_needing(
@@ -131,7 +132,9 @@ pub fn run_needing(
 }
 
 fn matches_need(name: &str, pat: &str) -> bool {
-    if pat.ends_with("::") {
+    if let Some(prefix) = pat.strip_suffix('*') {
+        name.starts_with(prefix)
+    } else if pat.ends_with("::") {
         name.starts_with(pat)
     } else {
         name == pat
