@@ -58,7 +58,42 @@ const NEEDS: &[(&str, Need)] = &[
         "mw::send_with_invalidate_seen_through_an_extended_cq",
         Need::ExtendedCq,
     ),
-    ("cq_ex::", Need::ExtendedCq),
+    // Not cq_ex::timestamps_need_the_device_mask and
+    // cq_ex::cvlan_and_flow_tag_refused_on_rxe: their refusals come first.
+    (
+        "cq_ex::send_recv_with_imm_reads_byte_len_imm_qp_num",
+        Need::ExtendedCq,
+    ),
+    (
+        "cq_ex::rdma_write_with_imm_without_qp_num_still_reclaims",
+        Need::ExtendedCq,
+    ),
+    (
+        "cq_ex::ud_receive_reads_src_qp_sl_slid_path_bits",
+        Need::ExtendedCq,
+    ),
+    (
+        "cq_ex::bad_arguments_refused_before_the_call",
+        Need::ExtendedCq,
+    ),
+    ("cq_ex::empty_cq_starts_no_batch", Need::ExtendedCq),
+    (
+        "cq_ex::many_drained_batches_see_each_completion_once",
+        Need::ExtendedCq,
+    ),
+    (
+        "cq_ex::batch_dropped_midway_resumes_with_the_next",
+        Need::ExtendedCq,
+    ),
+    ("cq_ex::basic_poll_refused_on_as_cq", Need::ExtendedCq),
+    (
+        "cq_ex::flushed_completions_read_and_reclaimed",
+        Need::ExtendedCq,
+    ),
+    (
+        "cq_ex::event_through_a_channel_and_srq_reclaim",
+        Need::ExtendedCq,
+    ),
     #[cfg(feature = "cm")]
     ("cm::extended_cm_qps_post_batches", Need::ExtendedQp),
 ];
