@@ -143,16 +143,14 @@ fn matches_need(name: &str, pat: &str) -> bool {
 
 /// For each [`Need`] of `needs` the device refuses: the refusal.
 fn refusals(binary: &str, needs: &[(&'static str, Need)]) -> Vec<(Need, String)> {
-    let mut kinds: Vec<Need> = needs.iter().map(|&(_, n)| n).collect();
-    kinds.dedup();
     let Ok(env) = env() else { return Vec::new() };
     let mut out = Vec::new();
     for need in [Need::ExtendedQp, Need::ExtendedCq, Need::MemoryWindows] {
-        if !kinds.contains(&need) {
+        let n = needs.iter().filter(|&&(_, k)| k == need).count();
+        if n == 0 {
             continue;
         }
         if let Some(why) = need.missing(&env) {
-            let n = needs.iter().filter(|&&(_, k)| k == need).count();
             if unsupported_allowed() || !device_required() {
                 eprintln!("{binary}: SKIPPED what needs {need:?} ({n} name(s)): {why}");
             } else {
