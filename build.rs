@@ -239,8 +239,10 @@ fn find_rdmacm(ibverbs: &Ibverbs) -> Vec<PathBuf> {
 
 /// Bindings for docs.rs, whose builders have no rdma-core: this crate's
 /// bindings of Debian 12's rdma-core 44 with the `cm` feature, exactly as
-/// the build writes them there (CI checks that they still are).
-const DOCS_RS_BINDINGS: &str = "src/sys/bindings-docs-rs.rs";
+/// the build writes them there (CI checks that they still are). Generated
+/// text, copied to `OUT_DIR` as the build's own bindings are, never a
+/// module of the crate: hence `.rs.in`.
+const DOCS_RS_BINDINGS: &str = "src/sys/bindings-docs-rs.rs.in";
 /// The rdma-core release of [`DOCS_RS_BINDINGS`].
 const DOCS_RS_RELEASE: u32 = 44;
 
