@@ -62,6 +62,8 @@ const FLOOR: u32 = 33;
 const PROBES: &[(&str, &str, u32)] = &[
     // `struct ibv_device_attr_ex::phys_port_cnt_ex` (rdma-core 35).
     ("rdma_core_phys_port_cnt_ex", "pub phys_port_cnt_ex:", 35),
+    // `ibv_reg_dmabuf_mr` (rdma-core 34).
+    ("rdma_core_reg_dmabuf_mr", "pub fn ibv_reg_dmabuf_mr(", 34),
 ];
 
 /// Enumeration values of later releases, added to the bindings when the

@@ -126,6 +126,25 @@ pub enum Error {
         /// handles (clones).
         by: crate::users::InUseBy,
     },
+    /// Huge pages were asked for ([`Pages::huge`](crate::Pages::huge)) and
+    /// the system could not give them: it has none reserved, too few are
+    /// free, or it has no huge pages at all. Nothing was mapped.
+    #[error("{bytes} bytes of huge pages asked for: {}", huge_pages_state(*.page_size, *.free, *.total, *.errno))]
+    HugePages {
+        /// The length asked for.
+        bytes: usize,
+        /// The system's default huge page size (`Hugepagesize` in
+        /// `/proc/meminfo`), 0 when it has none.
+        page_size: usize,
+        /// Huge pages free when the mapping was refused (`HugePages_Free`).
+        free: u64,
+        /// Huge pages reserved in all (`HugePages_Total`,
+        /// `/proc/sys/vm/nr_hugepages`).
+        total: u64,
+        /// The `errno` of the refused `mmap(MAP_HUGETLB)`, 0 when it was
+        /// not called (no huge pages on this system).
+        errno: i32,
+    },
     /// A connection manager event other than the one awaited came (or the
     /// awaited one with a non-zero status), e.g. `RDMA_CM_EVENT_ADDR_ERROR`
     /// with `-ETIMEDOUT` in place of `RDMA_CM_EVENT_ADDR_RESOLVED`.
@@ -240,6 +259,7 @@ impl From<Error> for io::Error {
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::DeviceNotFound(_) | Error::NoDevices => io::ErrorKind::NotFound,
             Error::InUse { .. } | Error::GuardLeaked { .. } => io::ErrorKind::ResourceBusy,
+            Error::HugePages { .. } => io::ErrorKind::OutOfMemory,
             Error::Unexpected { .. } => io::ErrorKind::InvalidData,
         };
         io::Error::new(kind, e)
@@ -249,8 +269,95 @@ impl From<Error> for io::Error {
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What [`Error::HugePages`] says about the system's huge pages.
+fn huge_pages_state(page_size: usize, free: u64, total: u64, errno: i32) -> String {
+    if page_size == 0 {
+        return "this system has no huge pages (no Hugepagesize in /proc/meminfo)".into();
+    }
+    format!(
+        "{free} of the {total} huge pages of {page_size} bytes reserved are free ({}); \
+         reserve more in /proc/sys/vm/nr_hugepages, or use Pages::huge_or_normal",
+        io::Error::from_raw_os_error(errno)
+    )
+}
+
+/// A refused call's error, with what the caller gave it handed back
+/// unchanged: the buffer a registration refused
+/// ([`ProtectionDomain::register_owned`](crate::ProtectionDomain::register_owned)),
+/// the region that could not give its buffer back yet
+/// ([`MemoryRegion::into_inner`](crate::MemoryRegion::into_inner)), and
+/// so on. `?` turns it into the plain [`Error`] (dropping the value).
+///
+/// ```no_run
+/// use rdma_verbs::{AccessFlags, Context};
+/// let pd = Context::open_first()?.alloc_pd()?;
+/// match pd.register_owned(Vec::new(), AccessFlags::LOCAL_WRITE) {
+///     Ok(_) => unreachable!("an empty buffer is refused"),
+///     Err(refused) => {
+///         eprintln!("{}", refused.error());
+///         let mine: Vec<u8> = refused.into_value(); // the buffer, back
+///         # drop(mine);
+///     }
+/// }
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+pub struct Refused<T> {
+    error: Error,
+    value: T,
+}
+
+impl<T> Refused<T> {
+    pub(crate) fn new(error: Error, value: T) -> Self {
+        Refused { error, value }
+    }
+
+    /// Why the call was refused.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// What the caller gave, back.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// The error and the value.
+    pub fn into_parts(self) -> (Error, T) {
+        (self.error, self.value)
+    }
+}
+
+impl<T> From<Refused<T>> for Error {
+    fn from(r: Refused<T>) -> Error {
+        r.error
+    }
+}
+
+impl<T> fmt::Debug for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refused")
+            .field("error", &self.error)
+            .field("value", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T> fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+// The message is the error's own, so the source is the error's source
+// (naming the error itself would print it twice in a chain).
+impl<T> std::error::Error for Refused<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
 /// The calling thread's `errno`, or `fallback` when it is not set.
-fn last_errno(fallback: i32) -> i32 {
+pub(crate) fn last_errno(fallback: i32) -> i32 {
     match io::Error::last_os_error().raw_os_error() {
         Some(e) if e != 0 => e,
         _ => fallback,

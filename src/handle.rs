@@ -18,7 +18,9 @@ pub(crate) trait RawObject {
     /// Destroys the object.
     ///
     /// # Safety
-    /// `ptr` came from the matching create verb and is destroyed at most once.
+    /// `ptr` came from the matching create verb and has not been destroyed
+    /// (a destroy that failed left it alive: libibverbs frees an object
+    /// only when its destroy verb succeeds, so it may be tried again).
     unsafe fn destroy(ptr: *mut Self) -> c_int;
 }
 
@@ -68,7 +70,9 @@ impl<T: RawObject, K> Owned<T, K> {
             return 0;
         }
         // SAFETY: `ptr` is live and owned by `self` (see `new`); the callers
-        // (`destroy`, `into_keep`) run at most once per handle.
+        // (`destroy`, `into_keep`, `try_into_keep`) end the handle when the
+        // destroy succeeds, and only `try_into_keep` hands the handle back,
+        // on failure, when the object is still alive (see `RawObject::destroy`).
         unsafe { T::destroy(self.ptr.as_ptr()) }
     }
 
@@ -107,6 +111,21 @@ impl<T: RawObject, K> Owned<T, K> {
         // `Drop` will not run (ManuallyDrop), so it is destroyed exactly once, here.
         let rc = this.destroy_raw();
         check_rc(T::DESTROY, rc)?;
+        // SAFETY: the object is gone; `keep` is taken once and `this` is
+        // never used again (and never dropped).
+        Ok(unsafe { ManuallyDrop::take(&mut this.keep) })
+    }
+
+    /// Destroys the object now and hands back what it kept alive; on
+    /// failure, the handle itself comes back with the error, still owning
+    /// the object (libibverbs frees an object only when its destroy verb
+    /// succeeded), so the caller may try again or drop it.
+    pub(crate) fn try_into_keep(self) -> std::result::Result<K, (Self, Error)> {
+        let rc = self.destroy_raw();
+        if let Err(e) = check_rc(T::DESTROY, rc) {
+            return Err((self, e));
+        }
+        let mut this = ManuallyDrop::new(self);
         // SAFETY: the object is gone; `keep` is taken once and `this` is
         // never used again (and never dropped).
         Ok(unsafe { ManuallyDrop::take(&mut this.keep) })

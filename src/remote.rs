@@ -165,7 +165,7 @@ impl FromStr for RemoteBuf {
     }
 }
 
-impl MemoryRegion {
+impl<B> MemoryRegion<B> {
     /// The whole region as a peer reaches it: its address, rkey and length.
     ///
     /// Refused with [`Error::InvalidArgument`] for a region registered

@@ -66,16 +66,19 @@ impl Chunk {
         self.raw().rkey
     }
 
-    /// The chunk's device address (its region's iova plus its offset).
+    /// The chunk's device address (its region's iova plus its offset):
+    /// where scatter/gather entries name it.
     #[inline]
     pub fn addr(&self) -> u64 {
-        self.raw().addr as u64 + self.offset as u64
+        self.mr.keep().memory.iova + self.offset as u64
     }
 
     #[inline]
     fn ptr(&self) -> *mut u8 {
-        // SAFETY: `offset <= len of the buffer`, fixed at creation.
-        unsafe { self.mr.keep().1.ptr.as_ptr().add(self.offset) }
+        // SAFETY: `offset <= len of the memory`, fixed at creation; chunks
+        // are made only of regions with CPU-addressable memory
+        // (`MemoryRegion::split` needs `B: RegisterBuffer`).
+        unsafe { self.mr.keep().memory.ptr.as_ptr().add(self.offset) }
     }
 
     /// The bytes.
@@ -122,7 +125,7 @@ impl Chunk {
     /// context (kernel PD handles restart at 0 in each context).
     #[inline]
     pub(crate) fn pd_ptr(&self) -> *mut sys::ibv_pd {
-        self.mr.keep().0.as_ptr()
+        self.mr.keep().pd.as_ptr()
     }
 
     /// Whether the device may write the chunk: its region was registered

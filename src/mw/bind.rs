@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{internal, restore, slot, MemoryWindow, MwLoan, MwState, MwType};
 use crate::device_attr::AtomicCap;
 use crate::error::{Error, Result};
-use crate::mr::{AccessFlags, MemoryRegion, MrInner};
+use crate::mr::{AccessFlags, MemoryRegion, MrInner, RegionCore};
 use crate::qp::{PostError, QpState, QpType, QueuePair};
 use crate::sys;
 
@@ -24,7 +24,7 @@ use crate::sys;
 #[doc(alias = "ibv_mw_bind_info")]
 #[derive(Debug, Clone, Copy)]
 pub struct MwBind<'a> {
-    mr: &'a MemoryRegion,
+    mr: &'a RegionCore,
     offset: usize,
     len: usize,
     access: AccessFlags,
@@ -41,15 +41,15 @@ impl<'a> MwBind<'a> {
     /// `usize::MAX`): so a bind's [`remote_addr`](Self::remote_addr) is
     /// always an address of the region. The other rules of the
     /// [module docs](crate::mw) are checked when the bind is posted.
-    pub fn new(
-        mr: &'a MemoryRegion,
+    pub fn new<B>(
+        mr: &'a MemoryRegion<B>,
         offset: usize,
         len: usize,
         access: AccessFlags,
     ) -> Result<Self> {
         check_range(mr.len(), offset, len)?;
         Ok(MwBind {
-            mr,
+            mr: mr.core(),
             offset,
             len,
             access,
@@ -81,7 +81,7 @@ impl<'a> MwBind<'a> {
         self.mr.addr().saturating_add(self.offset as u64)
     }
 
-    pub(crate) fn region(&self) -> &'a MemoryRegion {
+    pub(crate) fn region(&self) -> &'a RegionCore {
         self.mr
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{slot, MemoryWindow, MwInner, MwState};
-use crate::mr::{MemoryRegion, MrInner};
+use crate::mr::{MrInner, RegionCore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MwOp {
@@ -93,7 +93,7 @@ impl Drop for MwLoan {
 impl MemoryWindow {
     /// Records a bind to `mr` with `rkey` (posted now) and returns what the
     /// request must hold until the device is done with it.
-    pub(super) fn lend_bind(&mut self, mr: &MemoryRegion, rkey: u32) -> MwLoan {
+    pub(super) fn lend_bind(&mut self, mr: &RegionCore, rkey: u32) -> MwLoan {
         let mut s = slot(&self.inner);
         let old = s.bound.replace(Arc::clone(mr.inner()));
         let old_state = std::mem::replace(&mut s.state, MwState::Binding);

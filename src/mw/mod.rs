@@ -2,7 +2,7 @@
 //! region, granted and revoked without re-registering it.
 //!
 //! A window is allocated in a protection domain ([`ProtectionDomain::alloc_mw`])
-//! and then *bound* to a range of a [`MemoryRegion`] registered with
+//! and then *bound* to a range of a [`MemoryRegion`](crate::MemoryRegion) registered with
 //! [`AccessFlags::MW_BIND`], with its own remote rights; peers use the
 //! window's [`rkey`](MemoryWindow::rkey) with addresses inside that range.
 //!
@@ -78,7 +78,7 @@
 //!
 //! Because a region with `MW_BIND` can be written by peers through a
 //! window, it is never split into [`Chunk`](crate::Chunk)s (slices):
-//! [`MemoryRegion::into_chunks`] refuses it, as it refuses regions with
+//! [`MemoryRegion::into_chunks`](crate::MemoryRegion::into_chunks) refuses it, as it refuses regions with
 //! `REMOTE_WRITE`.
 
 // The window object and its state; binding; invalidation, by the QP or a
@@ -88,7 +88,7 @@ mod invalidate;
 mod loan;
 mod window;
 
-use crate::mr::MemoryRegion;
+use crate::mr::RegionCore;
 use crate::sys;
 // What the module docs' links name.
 #[cfg(doc)]
@@ -112,7 +112,7 @@ pub(crate) mod internal {
     /// (`ibv_inc_rkey` of the old one), and the loan of a type 2 bind.
     pub(crate) fn lend_type2_bind(
         mw: &mut MemoryWindow,
-        mr: &MemoryRegion,
+        mr: &RegionCore,
     ) -> (*mut sys::ibv_mw, u32, u32, MwLoan) {
         let current = mw.rkey();
         // SAFETY: `ibv_inc_rkey` is a pure function.

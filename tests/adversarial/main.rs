@@ -16,6 +16,7 @@ mod data;
 mod gid;
 mod hardening;
 mod mw;
+mod owned;
 mod predict;
 mod wire;
 
@@ -26,6 +27,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);
+    tests.extend_from_slice(owned::TESTS);
     tests.extend_from_slice(predict::TESTS);
     tests.extend_from_slice(hardening::TESTS);
     tests.extend_from_slice(wire::TESTS);

@@ -18,6 +18,7 @@ mod in_use;
 mod modify;
 mod mw;
 mod objects;
+mod owned;
 mod port_cache;
 mod qp;
 mod recv_buffers;
@@ -29,6 +30,7 @@ fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(context::TESTS);
     tests.extend_from_slice(objects::TESTS);
+    tests.extend_from_slice(owned::TESTS);
     tests.extend_from_slice(in_use::TESTS);
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(bring_up::TESTS);
