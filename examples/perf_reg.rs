@@ -3,7 +3,7 @@
 //! pages the region pins.
 //!
 //! ```text
-//! cargo run --release --example perf_reg -- [-d DEV] [-s BYTES] [-n ROUNDS]
+//! cargo run --release --example perf_reg -- [-d DEV] [-s BYTES] [-n ROUNDS] [-k normal|huge|both]
 //! ```
 //!
 //! For each kind of page, normal ([`Pages::new`]) and huge ([`Pages::huge`],
@@ -16,10 +16,16 @@
 //! (deregistration). Prints one line per kind:
 //!
 //! ```text
-//! perf_reg: pages=normal page_size=4096 bytes=1073741824 pinned_pages=262144 rounds=3 reg_ms=... dereg_ms=... (median; min..max)
-//! perf_reg: pages=huge page_size=2097152 bytes=1073741824 pinned_pages=512 rounds=3 reg_ms=... dereg_ms=...
+//! perf_reg: pages=normal page_size=4096 thp_bytes=0 bytes=1073741824 pinned_pages=262144 rounds=3 reg_ms=... dereg_ms=... (median; min..max)
+//! perf_reg: pages=huge page_size=2097152 thp_bytes=0 bytes=1073741824 pinned_pages=512 rounds=3 reg_ms=... dereg_ms=...
 //! perf_reg: huge/normal reg_time=... dereg_time=...
 //! ```
+//!
+//! `thp_bytes` is how much of the process's anonymous memory the kernel
+//! backs with transparent huge pages after the touch (`AnonHugePages` of
+//! `/proc/self/smaps_rollup`): with THP on, "normal" pages may be 2 MiB
+//! ones too, and `pinned_pages` counts base pages of `page_size`. The
+//! bench runs the normal kind with THP off and on (see `.ci/bench/guest`).
 //!
 //! Where the system has too few huge pages free, the huge line says so
 //! (the typed [`Error::HugePages`](rdma_verbs::Error::HugePages) refusal)
@@ -35,12 +41,14 @@ use std::time::{Duration, Instant};
 
 use rdma_verbs::{AccessFlags, Context, Error, Pages, ProtectionDomain, Result};
 
-const USAGE: &str = "usage: perf_reg [-d DEVICE] [-s BYTES] [-n ROUNDS]";
+const USAGE: &str = "usage: perf_reg [-d DEVICE] [-s BYTES] [-n ROUNDS] [-k normal|huge|both]";
 
 struct Options {
     device: Option<String>,
     bytes: usize,
     rounds: usize,
+    normal: bool,
+    huge: bool,
 }
 
 fn parse() -> std::result::Result<Options, String> {
@@ -48,6 +56,8 @@ fn parse() -> std::result::Result<Options, String> {
         device: None,
         bytes: 1 << 30,
         rounds: 3,
+        normal: true,
+        huge: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -56,6 +66,14 @@ fn parse() -> std::result::Result<Options, String> {
             "-d" | "--ib-dev" => o.device = Some(value()?),
             "-s" | "--size" => o.bytes = value()?.parse().map_err(|e| format!("-s: {e}"))?,
             "-n" | "--rounds" => o.rounds = value()?.parse().map_err(|e| format!("-n: {e}"))?,
+            "-k" | "--kind" => {
+                (o.normal, o.huge) = match value()?.as_str() {
+                    "normal" => (true, false),
+                    "huge" => (false, true),
+                    "both" => (true, true),
+                    k => return Err(format!("-k: {k} is not normal, huge or both")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -96,17 +114,20 @@ fn run(o: &Options) -> Result<()> {
         None => Context::open_first()?,
     };
     let pd = ctx.alloc_pd()?;
-    let normal = measure(&pd, o, "normal", Pages::new)?;
-    let huge = match measure(&pd, o, "huge", Pages::huge) {
-        Ok(m) => Some(m),
-        Err(e @ Error::HugePages { .. }) => {
+    let normal = match o.normal {
+        true => Some(measure(&pd, o, "normal", Pages::new)?),
+        false => None,
+    };
+    let huge = match o.huge.then(|| measure(&pd, o, "huge", Pages::huge)) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e @ Error::HugePages { .. })) => {
             println!("perf_reg: pages=huge refused: {e}");
             None
         }
-        Err(e) => return Err(e),
+        Some(Err(e)) => return Err(e),
     };
-    if let Some(h) = huge {
-        let n = normal;
+    if let (Some(n), Some(h)) = (normal, huge) {
         println!(
             "perf_reg: huge/normal reg_time={:.3} dereg_time={:.3}",
             h.0.as_secs_f64() / n.0.as_secs_f64().max(1e-9),
@@ -124,7 +145,7 @@ fn measure(
 ) -> Result<Medians> {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
     let (mut reg, mut dereg) = (Vec::new(), Vec::new());
-    let mut page_size = 0;
+    let (mut page_size, mut thp) = (0, 0);
     for _ in 0..o.rounds {
         let mut pages = map(o.bytes)?;
         page_size = pages.page_size();
@@ -132,6 +153,7 @@ fn measure(
         for b in pages.iter_mut().step_by(page_size) {
             *b = 1;
         }
+        thp = thp_bytes();
         let t = Instant::now();
         let mr = pd.register_owned(pages, access)?;
         reg.push(t.elapsed());
@@ -143,7 +165,7 @@ fn measure(
     let pinned = o.bytes.div_ceil(page_size);
     let (r, d) = (stats(&mut reg), stats(&mut dereg));
     println!(
-        "perf_reg: pages={kind} page_size={page_size} bytes={} pinned_pages={pinned} rounds={} \
+        "perf_reg: pages={kind} page_size={page_size} thp_bytes={thp} bytes={} pinned_pages={pinned} rounds={} \
          reg_ms={:.2} dereg_ms={:.2} (median; reg {:.2}..{:.2}, dereg {:.2}..{:.2})",
         o.bytes, o.rounds, r.1, d.1, r.0, r.2, d.0, d.2
     );
@@ -157,4 +179,19 @@ fn stats(v: &mut [Duration]) -> (f64, f64, f64) {
     v.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     (ms(v[0]), ms(v[v.len() / 2]), ms(v[v.len() - 1]))
+}
+
+/// The process's anonymous memory on transparent huge pages, in bytes.
+fn thp_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("AnonHugePages:")?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
 }

@@ -34,6 +34,7 @@ use crate::error::{Error, Result};
 /// after the device can no longer reach the bytes. Types whose bytes live
 /// in their own heap allocation or mapping, like those above, keep them in
 /// place when moved as well.
+#[doc(alias = "ibv_reg_mr")]
 pub unsafe trait RegisterBuffer: Send + 'static {
     /// The bytes to register.
     fn bytes_to_register(&mut self) -> &mut [u8];

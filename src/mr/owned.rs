@@ -297,6 +297,7 @@ impl<B: RegisterBuffer> MemoryRegion<B> {
 /// program's hands, in a posted request, or in a [`SharedChunk`](crate::SharedChunk).
 /// A chunk that is never dropped (`mem::forget`) keeps the buffer for good:
 /// both keep refusing, and the memory is never freed.
+#[doc(alias = "ibv_mr")]
 pub struct ChunkedRegion<B = super::Pages> {
     core: RegionCore,
     _buffer: PhantomData<fn() -> B>,
