@@ -84,6 +84,9 @@ pub(crate) struct MrKeep {
     /// crate cannot tell whether it did): kept, and counted as users,
     /// until the region is gone.
     maybe_in: Vec<(ProtectionDomain, Tally)>,
+    /// Buffers a failed `ibv_rereg_mr` may have moved the region onto:
+    /// kept until the region is gone.
+    maybe_mapped: Vec<Memory>,
 }
 
 /// A region's raw MR and what it keeps; shared by the region, its chunks

@@ -175,6 +175,7 @@ pub(super) fn adopt<B>(
         memory,
         tally: Tally::new(pd.users(), UserKind::MemoryRegion, 1),
         maybe_in: Vec::new(),
+        maybe_mapped: Vec::new(),
     };
     // SAFETY: a fresh MR owned by nobody else; it keeps its PD and memory alive.
     let inner = unsafe { Owned::new(raw, keep) };

@@ -1,11 +1,14 @@
-//! `ibv_rereg_mr`: changing a registered region's access rights or
-//! protection domain in place, keeping its keys where the device can.
+//! `ibv_rereg_mr`: changing a registered region's access rights,
+//! protection domain or buffer in place, keeping its keys where the device
+//! can.
 
 use std::ffi::c_int;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{check_access, AccessFlags, MemoryRegion, MrInner};
-use crate::error::{last_errno, Error, Result};
+use super::owned::check_registration;
+use super::{check_access, AccessFlags, Memory, MemoryRegion, MrInner, RegisterBuffer};
+use crate::error::{last_errno, Error, Refused, Result};
 use crate::handle::in_use;
 use crate::pd::ProtectionDomain;
 use crate::sys;
@@ -142,6 +145,84 @@ impl<B> MemoryRegion<B> {
             what: "re-registering a memory region (ibv_rereg_mr)",
             device: self.pd().context().name().to_owned(),
             errno: Some(errno),
+        }
+    }
+}
+
+impl<B: RegisterBuffer> MemoryRegion<B> {
+    /// Moves the region onto another buffer in place (`ibv_rereg_mr` with
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`): on devices that can, the same
+    /// lkey and rkey now name `buffer`'s bytes, and the old buffer comes
+    /// back, the device done with it. The region's iova becomes the new
+    /// buffer's address (libibverbs passes it as the new iova).
+    ///
+    /// Refused before any call, both handed back unchanged: while anything
+    /// else names the region ([`Error::InUse`]), for an empty buffer or one
+    /// above `max_mr_size`; [`Error::Unsupported`] where the device does not
+    /// re-register (rxe), nothing changed. When the device fails otherwise,
+    /// the region may map either buffer: it keeps both until it is gone,
+    /// hands back only itself (still over the old buffer as far as the
+    /// program's reads and writes go), and the new buffer is dropped after
+    /// deregistration.
+    #[doc(alias = "ibv_rereg_mr")]
+    #[doc(alias = "IBV_REREG_MR_CHANGE_TRANSLATION")]
+    #[allow(clippy::type_complexity)]
+    pub fn rereg_buffer<C: RegisterBuffer>(
+        mut self,
+        buffer: C,
+    ) -> Result<(MemoryRegion<C>, B), Refused<(Self, Option<C>)>> {
+        let mut boxed = Box::new(buffer);
+        let bytes = boxed.bytes_to_register();
+        let (ptr, len) = (NonNull::from(&mut *bytes).cast::<u8>(), bytes.len());
+        let checked = check_registration(self.pd(), len, self.access())
+            .and_then(|()| self.only_handle().map(|_| ()));
+        if let Err(e) = checked {
+            return Err(Refused::new(e, (self, Some(*boxed))));
+        }
+        let raw = self.core.as_ptr();
+        // SAFETY: the MR is live and no other handle, chunk or window names
+        // it (checked above); `ptr..ptr + len` are bytes the boxed buffer
+        // owns and keeps in place (`RegisterBuffer`), kept by the region
+        // from here on whatever the outcome (below).
+        let rc = unsafe {
+            sys::ibv_rereg_mr(
+                raw,
+                sys::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_TRANSLATION.0 as c_int,
+                std::ptr::null_mut(),
+                ptr.as_ptr().cast(),
+                len,
+                0,
+            )
+        };
+        let failed = failure(rc);
+        if let Some(Failure::Unsupported(errno)) = failed {
+            let e = self.unsupported(errno);
+            return Err(Refused::new(e, (self, Some(*boxed))));
+        }
+        let memory = Memory::new(ptr, len, ptr.as_ptr() as u64, boxed);
+        let Some(owned) = Arc::get_mut(&mut self.core.inner) else {
+            // Cannot happen: checked above, and `self` was held since.
+            // Keep the new buffer with the region, as for an unknown failure.
+            return Err(Refused::new(
+                Error::invalid(VERB, "the region is in use"),
+                (self, None),
+            ));
+        };
+        let keep = owned.keep_mut();
+        match failed {
+            None => {
+                let old = std::mem::replace(&mut keep.memory, memory);
+                // SAFETY: a `MemoryRegion<B>`'s memory owner is a `Box<B>`.
+                let old = unsafe { old.into_owner::<B>() };
+                Ok((MemoryRegion::from_core(self.core), old))
+            }
+            Some(Failure::Unknown(errno)) | Some(Failure::Unsupported(errno)) => {
+                keep.maybe_mapped.push(memory);
+                Err(Refused::new(
+                    Error::Verb { verb: VERB, errno },
+                    (self, None),
+                ))
+            }
         }
     }
 }

@@ -25,7 +25,10 @@
 //! the rule: a region without `MW_BIND`; a window, region and QP of
 //! different protection domains; a range outside the region or empty;
 //! rights other than `REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`
-//! (zero-based windows are not offered); `REMOTE_WRITE` or
+//! (zero-based windows are not offered: for a range a peer addresses from
+//! 0, register the region itself at iova 0 with
+//! [`ProtectionDomain::register_owned_at`](crate::ProtectionDomain::register_owned_at),
+//! and bind windows to it: their addresses are then offsets too); `REMOTE_WRITE` or
 //! `REMOTE_ATOMIC` on a region without `LOCAL_WRITE`; a QP not in RTS
 //! (binding and invalidating post to the send queue) or not RC/UC; a type 1
 //! window in a batch, or invalidated (only type 2 windows are); a type 2

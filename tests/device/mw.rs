@@ -36,6 +36,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ("mw::rules_are_checked_before_any_call", rules),
     ("mw::a_bound_window_keeps_its_region", keeps_region),
     ("mw::abort_undoes_a_bind", abort_undoes),
+    (
+        "mw::window_on_a_zero_based_owned_region",
+        zero_based_owned_region,
+    ),
 ];
 
 /// A connected RC pair; `a` binds windows (extended, with every RC op),
@@ -734,5 +738,60 @@ fn remote_invalidate_ex_cq(env: &Env) -> Result<(), Failed> {
         }
     }
     ensure!(inv == Some(rkey), "invalidated {inv:?}, rkey {rkey:#x}");
+    Ok(())
+}
+
+/// A window bound to a region of the program's own buffer registered at
+/// iova 0: the window's addresses are offsets; while it is bound the
+/// buffer is not handed back (nor the region re-registered), and once the
+/// window is closed it is, with the peer's write in it.
+fn zero_based_owned_region(env: &Env) -> Result<(), Failed> {
+    let mut p = mw_pair(env)?;
+    let mut pages = rdma_verbs::Pages::new(8192)?;
+    for (i, b) in pages.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+    let mut mr = p.pd.register_owned_at(pages, access, 0)?;
+    ensure!(mr.addr() == 0, "region at {:#x}", mr.addr());
+    let mut mw = p.pd.alloc_mw(MwType::Type2)?;
+    let bind = MwBind::new(
+        &mr,
+        1024,
+        2048,
+        AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+    )?;
+    ensure!(
+        bind.remote_addr() == 1024,
+        "the window starts at {:#x}",
+        bind.remote_addr()
+    );
+    let rkey = bind_done(&mut p, &mut mw, &bind)?;
+    let (st, got) = peer_read(&mut p, 1024 + 10, rkey, 4)?;
+    let want: Vec<u8> = (1034..1038).map(|i| (i % 251) as u8).collect();
+    ensure!(st == WcStatus::Success && got == want, "{st:?} {got:?}");
+    ensure!(
+        peer_write(&mut p, 2000, rkey, b"window")? == WcStatus::Success,
+        "write through the window"
+    );
+    match mr.rereg_access(AccessFlags::LOCAL_WRITE) {
+        Err(Error::InUse { .. }) => {}
+        other => return Err(format!("rereg of a region with a bound window: {other:?}").into()),
+    }
+    let mr = match mr.into_inner() {
+        Err(r) if matches!(r.error(), Error::InUse { users: 1, .. }) => r.into_value(),
+        Err(r) => return Err(format!("into_inner with a bound window: {}", r.error()).into()),
+        Ok(_) => return Err("the buffer came back while a window was bound to it".into()),
+    };
+    MemoryWindow::close(mw)?;
+    let pages = mr.into_inner()?;
+    ensure!(
+        &pages[2000..2006] == b"window",
+        "the write through the window is not in the buffer"
+    );
+    ensure!(
+        pages[2006] == (2006 % 251) as u8,
+        "bytes after the write changed"
+    );
     Ok(())
 }

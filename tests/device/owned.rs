@@ -751,6 +751,50 @@ fn rereg(env: &Env) -> Result<(), Failed> {
         ),
         "REMOTE_WRITE without LOCAL_WRITE accepted"
     );
+    // Another buffer under the same keys: an empty one is refused, both
+    // handed back; on rxe Unsupported, both handed back unchanged.
+    let (e, (back, empty)) = match mr.rereg_buffer(Vec::<u8>::new()) {
+        Err(r) => r.into_parts(),
+        Ok(_) => return Err("rereg_buffer onto an empty buffer accepted".into()),
+    };
+    ensure!(
+        matches!(e, Error::InvalidArgument { .. }) && empty == Some(Vec::new()),
+        "{e}"
+    );
+    let mut mr = back;
+    let new = vec![9u8; 8192];
+    let new_ptr = new.as_ptr();
+    mr = match mr.rereg_buffer(new) {
+        Ok((moved, old)) => {
+            ensure!(
+                moved.len() == 8192 && moved.addr() == new_ptr as u64,
+                "{moved:?}"
+            );
+            ensure!(old == vec![0u8; 4096], "the old buffer came back changed");
+            eprintln!(
+                "owned: rereg_buffer: moved, keys {:#x}/{:#x}",
+                moved.lkey(),
+                moved.rkey()
+            );
+            moved.into_inner()?;
+            return Ok(());
+        }
+        Err(r) => {
+            let (e, (back, new)) = r.into_parts();
+            ensure!(matches!(e, Error::Unsupported { .. }), "rereg_buffer: {e}");
+            let new = new.ok_or("the new buffer was kept on an Unsupported refusal")?;
+            ensure!(
+                new.as_ptr() == new_ptr && new == vec![9u8; 8192],
+                "the new buffer came back changed"
+            );
+            ensure!(
+                back.len() == 4096 && (back.lkey(), back.rkey()) == (lkey, rkey),
+                "the region changed"
+            );
+            eprintln!("owned: rereg_buffer: {e}");
+            back
+        }
+    };
     // Still a working region: split it again and send from it (if it is
     // still in the QPs' PD).
     let mut chunks = mr.into_chunks(4096)?;
