@@ -224,64 +224,74 @@ fn odd_buffers(env: &Env) -> Result<(), Failed> {
     ensure!(one.into_inner()? == vec![0x7e], "the byte changed");
 
     for split_at in [1usize, 4095] {
-        let mut p = rc_pair(env)?;
-        let mut head = bytes::BytesMut::zeroed(3 * 4096);
-        let tail = head.split_off(split_at);
-        ensure!(
-            tail.as_ptr() as usize % 2 == 1,
-            "the tail is not at an odd address"
-        );
-        let len = tail.len();
-        let mut mr = p.pd.register_owned(tail, access)?;
-        // The other handle of the same allocation stays the program's.
-        head.fill(0x11);
-        mr.write(len - 3, b"end")?;
-        let mut src =
-            p.pd.alloc_chunks(1, 16, AccessFlags::LOCAL_WRITE)?
-                .remove(0);
-        src.as_mut_slice().copy_from_slice(b"0123456789abcdef");
-        let first = RemoteAddr {
-            addr: mr.addr(),
-            rkey: mr.rkey(),
-        };
-        p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(first)).sge(src)])?;
-        let wc = poll_n(&p.cq, 1)?[0];
-        ensure!(wc.is_success(), "write at an odd address: {wc:?}");
-        let src = reclaim(&mut [&mut p.a], &wc).pop().ok_or("no chunk")?.1;
-        let last = RemoteAddr {
-            addr: mr.addr() + len as u64 - 3,
-            rkey: mr.rkey(),
-        };
-        p.a.post_send([SendWr::new(2, SendOp::RdmaRead(last)).sge_len(src, 3)])?;
-        let wc = poll_n(&p.cq, 1)?[0];
-        ensure!(wc.is_success(), "read of the last bytes: {wc:?}");
-        let src = reclaim(&mut [&mut p.a], &wc).pop().ok_or("no chunk")?.1;
-        ensure!(
-            &src.as_slice()[..3] == b"end",
-            "read back {:?}",
-            &src.as_slice()[..3]
-        );
-        let mut edge = [0u8; 17];
-        mr.read(0, &mut edge)?;
-        ensure!(
-            &edge[..16] == b"0123456789abcdef" && edge[16] == 0,
-            "the write landed elsewhere: {edge:?}"
-        );
-        let tail = mr.into_inner()?;
-        ensure!(
-            head.iter().all(|&b| b == 0x11),
-            "split {split_at}: the other handle's bytes changed"
-        );
-        head.unsplit(tail);
-        ensure!(head.len() == 3 * 4096, "unsplit: {} bytes", head.len());
-        ensure!(
-            &head[split_at..split_at + 16] == b"0123456789abcdef",
-            "split {split_at}: write not in the buffer"
-        );
-        ensure!(
-            &head[3 * 4096 - 3..] == b"end",
-            "split {split_at}: write() not in the buffer"
-        );
+        misaligned(env, split_at)?;
     }
+    Ok(())
+}
+
+/// A `BytesMut` split at `split_at`: its tail, at an odd address,
+/// registered and written and read by the peer at its first and last
+/// bytes; the head (the same allocation's other handle) untouched; the
+/// two unsplit afterwards.
+fn misaligned(env: &Env, split_at: usize) -> Result<(), Failed> {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mut p = rc_pair(env)?;
+    let mut head = bytes::BytesMut::zeroed(3 * 4096);
+    let tail = head.split_off(split_at);
+    ensure!(
+        tail.as_ptr() as usize % 2 == 1,
+        "the tail is not at an odd address"
+    );
+    let len = tail.len();
+    let mut mr = p.pd.register_owned(tail, access)?;
+    // The other handle of the same allocation stays the program's.
+    head.fill(0x11);
+    mr.write(len - 3, b"end")?;
+    let mut src =
+        p.pd.alloc_chunks(1, 16, AccessFlags::LOCAL_WRITE)?
+            .remove(0);
+    src.as_mut_slice().copy_from_slice(b"0123456789abcdef");
+    let first = RemoteAddr {
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+    };
+    p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(first)).sge(src)])?;
+    let wc = poll_n(&p.cq, 1)?[0];
+    ensure!(wc.is_success(), "write at an odd address: {wc:?}");
+    let src = reclaim(&mut [&mut p.a], &wc).pop().ok_or("no chunk")?.1;
+    let last = RemoteAddr {
+        addr: mr.addr() + len as u64 - 3,
+        rkey: mr.rkey(),
+    };
+    p.a.post_send([SendWr::new(2, SendOp::RdmaRead(last)).sge_len(src, 3)])?;
+    let wc = poll_n(&p.cq, 1)?[0];
+    ensure!(wc.is_success(), "read of the last bytes: {wc:?}");
+    let src = reclaim(&mut [&mut p.a], &wc).pop().ok_or("no chunk")?.1;
+    ensure!(
+        &src.as_slice()[..3] == b"end",
+        "read back {:?}",
+        &src.as_slice()[..3]
+    );
+    let mut edge = [0u8; 17];
+    mr.read(0, &mut edge)?;
+    ensure!(
+        &edge[..16] == b"0123456789abcdef" && edge[16] == 0,
+        "the write landed elsewhere: {edge:?}"
+    );
+    let tail = mr.into_inner()?;
+    ensure!(
+        head.iter().all(|&b| b == 0x11),
+        "split {split_at}: the other handle's bytes changed"
+    );
+    head.unsplit(tail);
+    ensure!(head.len() == 3 * 4096, "unsplit: {} bytes", head.len());
+    ensure!(
+        &head[split_at..split_at + 16] == b"0123456789abcdef",
+        "split {split_at}: write not in the buffer"
+    );
+    ensure!(
+        &head[3 * 4096 - 3..] == b"end",
+        "split {split_at}: write() not in the buffer"
+    );
     Ok(())
 }

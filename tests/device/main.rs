@@ -23,6 +23,7 @@ mod port_cache;
 mod qp;
 mod recv_buffers;
 mod recv_model;
+mod registration;
 mod remote;
 mod template_pins;
 
@@ -31,6 +32,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(context::TESTS);
     tests.extend_from_slice(objects::TESTS);
     tests.extend_from_slice(owned::TESTS);
+    tests.extend_from_slice(registration::TESTS);
     tests.extend_from_slice(in_use::TESTS);
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(bring_up::TESTS);
