@@ -1,0 +1,432 @@
+//! Faults across two hosts (`.ci/vm hosts tests`): each test runs in both
+//! VMs at once, VM 1 as the server and VM 2 as the client, over TCP and
+//! RDMA across the virtual link, and each side reports the chunks it posted
+//! and the chunks that came back (equal, or the test fails).
+//!
+//! Outside a two-host run (no `RDMA_VERBS_PEER`) every test reports itself
+//! ignored, saying why; with `RDMA_VERBS_REQUIRE_HOSTS=1` it fails instead.
+//! `.ci/vm test` leaves this binary out: `.ci/vm hosts tests` runs it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use rdma_verbs::qp::{
+    AckTimeout, ConnectOptions, Endpoint, Psn, RecvWr, RetryCount, SendOp, SendWr,
+};
+use rdma_verbs::{
+    AccessFlags, Chunk, CompletionQueue, Context, PortState, ProtectionDomain, QpCaps, QpInitAttr,
+    QpType, QueuePair, WorkCompletion,
+};
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+).into());
+        }
+    };
+}
+
+/// This side of the run: from `.ci/hosts-guest`'s environment.
+struct Side {
+    server: bool,
+    peer: String,
+    netdev: String,
+}
+
+type TestFn = fn(&Side) -> Result<(), Failed>;
+
+const TESTS: &[(&str, TestFn)] = &[
+    ("hosts::link_down_during_traffic_then_reconnect", link_down),
+    ("hosts::different_mtus_never_hang_and_negotiate", mtus),
+];
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let side = match (
+        std::env::var("RDMA_VERBS_HOST"),
+        std::env::var("RDMA_VERBS_PEER"),
+    ) {
+        (Ok(h), Ok(peer)) => Some(Side {
+            server: h == "1",
+            peer,
+            netdev: std::env::var("RDMA_VERBS_NETDEV").unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    let required = std::env::var("RDMA_VERBS_REQUIRE_HOSTS").as_deref() == Ok("1");
+    if side.is_none() {
+        eprintln!("hosts: SKIPPED: not in a two-host run (.ci/vm hosts tests runs these)");
+    }
+    let side = std::sync::Arc::new(side);
+    let trials = TESTS
+        .iter()
+        .map(|&(name, f)| {
+            let skip = side.is_none() && !required;
+            let side = side.clone();
+            Trial::test(name, move || match side.as_ref() {
+                Some(s) => f(s),
+                None => {
+                    Err("not in a two-host run, which RDMA_VERBS_REQUIRE_HOSTS=1 asks for".into())
+                }
+            })
+            .with_ignored_flag(skip)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// 20 s, times `RDMA_VERBS_TIME_SCALE`.
+fn deadline() -> Duration {
+    let f: f64 = std::env::var("RDMA_VERBS_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&f: &f64| f > 0.0)
+        .unwrap_or(1.0);
+    Duration::from_secs_f64(20.0 * f)
+}
+
+/// The TCP connection of one test: the server listens on `port`, the
+/// client connects, retrying until the deadline.
+fn tcp(side: &Side, port: u16) -> Result<TcpStream, Failed> {
+    if side.server {
+        let l = TcpListener::bind(("0.0.0.0", port))?;
+        return Ok(l.accept()?.0);
+    }
+    let end = Instant::now() + deadline() * 3;
+    loop {
+        match TcpStream::connect((side.peer.as_str(), port)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() < end => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("cannot connect to {}:{port}: {e}", side.peer).into()),
+        }
+    }
+}
+
+/// One RC QP on rxe0 and what it needs; fast failure on a dead link
+/// (ACK timeout about 16 ms, 2 retries).
+struct Rc {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    opts: ConnectOptions,
+    posted: usize,
+    returned: usize,
+    failed: usize,
+}
+
+impl Rc {
+    fn new() -> Result<Rc, Failed> {
+        let ctx = Context::open("rxe0")?;
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(256)?;
+        let caps = QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            ..QpCaps::default()
+        };
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+        let opts = ConnectOptions {
+            gid_index: Some(1),
+            timeout: AckTimeout::new(12)?,
+            retry_cnt: RetryCount::new(2)?,
+            ..ConnectOptions::default()
+        };
+        Ok(Rc {
+            ctx,
+            pd,
+            cq,
+            qp,
+            opts,
+            posted: 0,
+            returned: 0,
+            failed: 0,
+        })
+    }
+
+    /// Connects to the other side's QP: endpoints exchanged over `tcp`.
+    fn connect(&mut self, tcp: &mut TcpStream, psn: u32) -> Result<(), Failed> {
+        let psn = Psn::new(psn)?;
+        let me = self.qp.local_endpoint(&self.opts, psn)?;
+        tcp.write_all(&me.to_wire())?;
+        let mut theirs = [0u8; Endpoint::WIRE_LEN];
+        tcp.read_exact(&mut theirs)?;
+        self.qp
+            .connect(&self.opts, psn, &Endpoint::from_wire(&theirs)?)?;
+        Ok(())
+    }
+
+    fn chunks(&self, n: usize) -> Result<Vec<Chunk>, Failed> {
+        Ok(self.pd.alloc_chunks(n, 4096, AccessFlags::LOCAL_WRITE)?)
+    }
+
+    fn post_sends(&mut self, n: usize) -> Result<(), Failed> {
+        self.post_sends_of(n, 64)
+    }
+
+    /// `n` sends of `len` bytes each (from chunks of 4096).
+    fn post_sends_of(&mut self, n: usize, len: usize) -> Result<(), Failed> {
+        for (i, c) in self.chunks(n)?.into_iter().enumerate() {
+            self.qp
+                .post_send([SendWr::new(i as u64, SendOp::Send).sge_len(c, len)])?;
+            self.posted += 1;
+        }
+        Ok(())
+    }
+
+    fn post_recvs(&mut self, n: usize) -> Result<(), Failed> {
+        let wrs: Vec<RecvWr> = self
+            .chunks(n)?
+            .into_iter()
+            .map(|c| RecvWr::new(0).sge(c))
+            .collect();
+        self.qp.post_recv(wrs)?;
+        self.posted += n;
+        Ok(())
+    }
+
+    /// Polls until `n` completions came (or the deadline), reclaiming each;
+    /// counts the chunks back and the failed completions.
+    fn reap(&mut self, n: usize) -> Result<(), Failed> {
+        let end = Instant::now() + deadline();
+        let mut wcs = [WorkCompletion::default(); 32];
+        let mut seen = 0;
+        while seen < n {
+            ensure!(
+                Instant::now() < end,
+                "{seen} of {n} completions within {:?}",
+                deadline()
+            );
+            for wc in self.cq.poll(&mut wcs)?.iter() {
+                seen += 1;
+                if !wc.is_success() {
+                    self.failed += 1;
+                }
+                let (returned, qp) = (&mut self.returned, &mut self.qp);
+                qp.reclaim(wc, |done| *returned += done.chunks().count());
+            }
+        }
+        Ok(())
+    }
+
+    /// RESET: every request still held comes back; completions of them
+    /// still in the CQ are polled away (they end nothing now).
+    fn reset(&mut self) -> Result<(), Failed> {
+        for done in self.qp.reset()? {
+            self.returned += done.chunks().count();
+        }
+        let mut wcs = [WorkCompletion::default(); 32];
+        loop {
+            let polled = self.cq.poll(&mut wcs)?;
+            if polled.is_empty() {
+                return Ok(());
+            }
+            for wc in polled.iter() {
+                let (returned, qp) = (&mut self.returned, &mut self.qp);
+                qp.reclaim(wc, |done| *returned += done.chunks().count());
+            }
+        }
+    }
+
+    fn port_active(&self) -> Result<bool, Failed> {
+        Ok(self.ctx.query_port(1)?.state == PortState::Active)
+    }
+}
+
+fn ip_link(netdev: &str, state: &str) -> Result<(), Failed> {
+    let st = Command::new("ip")
+        .args(["link", "set", netdev, state])
+        .status()?;
+    ensure!(st.success(), "ip link set {netdev} {state}: {st}");
+    Ok(())
+}
+
+/// One line from `tcp`, read a byte at a time (what follows it, an
+/// endpoint record, stays in the stream).
+fn line(tcp: &mut TcpStream) -> Result<String, Failed> {
+    let mut s = Vec::new();
+    let mut b = [0u8; 1];
+    while s.len() < 256 {
+        tcp.read_exact(&mut b)?;
+        if b[0] == b'\n' {
+            break;
+        }
+        s.push(b[0]);
+    }
+    Ok(String::from_utf8_lossy(&s).into_owned())
+}
+
+/// Link down during traffic: the client's sends fail (retry exceeded, then
+/// flushed), every chunk comes back; with the link up again both sides
+/// reset their QP (handing back what it held), reconnect, and 20 messages
+/// go through. Each side's posted and returned chunks must be equal.
+fn link_down(side: &Side) -> Result<(), Failed> {
+    let mut tcp = tcp(side, 18_600)?;
+    let mut rc = Rc::new()?;
+    if side.server {
+        // Receives after the connect (a QP in RESET takes none); a send
+        // that comes first meets RNR NAKs and is retried.
+        rc.connect(&mut tcp, 0x1000)?;
+        rc.post_recvs(64)?;
+        ensure!(
+            line(&mut tcp)? == "RECONNECT",
+            "the client did not ask to reconnect"
+        );
+        rc.reap(20)?; // phase 1's receives
+        rc.reset()?;
+        rc.connect(&mut tcp, 0x2000)?;
+        rc.post_recvs(64)?;
+        ensure!(line(&mut tcp)? == "DONE", "the client did not finish");
+        rc.reap(20)?;
+        rc.reset()?;
+    } else {
+        rc.connect(&mut tcp, 0x3000)?;
+        rc.post_sends(20)?;
+        rc.reap(20)?;
+        ensure!(
+            rc.failed == 0,
+            "{} of 20 sends failed before the link went down",
+            rc.failed
+        );
+        ip_link(&side.netdev, "down")?;
+        rc.post_sends(10)?;
+        rc.reap(10)?;
+        let lost = rc.failed;
+        ensure!(lost == 10, "only {lost} of 10 sends on a dead link failed");
+        ip_link(&side.netdev, "up")?;
+        let end = Instant::now() + deadline();
+        while !rc.port_active()? {
+            ensure!(
+                Instant::now() < end,
+                "rxe0 not active again within {:?}",
+                deadline()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        rc.reset()?;
+        tcp.write_all(b"RECONNECT\n")?;
+        rc.connect(&mut tcp, 0x4000)?;
+        rc.post_sends(20)?;
+        rc.reap(20)?;
+        ensure!(
+            rc.failed == lost,
+            "{} sends failed after the reconnect",
+            rc.failed - lost
+        );
+        tcp.write_all(b"DONE\n")?;
+    }
+    eprintln!(
+        "hosts: link down ({}): posted {} chunks, {} came back ({} completions failed)",
+        if side.server { "server" } else { "client" },
+        rc.posted,
+        rc.returned,
+        rc.failed
+    );
+    ensure!(
+        rc.posted == rc.returned,
+        "posted {} chunks, {} came back",
+        rc.posted,
+        rc.returned
+    );
+    Ok(())
+}
+
+fn set_mtu(netdev: &str, mtu: u32) -> Result<(), Failed> {
+    let st = Command::new("ip")
+        .args(["link", "set", netdev, "mtu", &mtu.to_string()])
+        .status()?;
+    ensure!(st.success(), "ip link set {netdev} mtu {mtu}: {st}");
+    Ok(())
+}
+
+/// The server's NIC keeps MTU 1500 (rxe: 1024-byte packets), the client's
+/// gets 4500 (4096). Connected each with its own port's MTU, the client's
+/// 3000-byte sends travel as one 3000-byte packet: each completes within
+/// the deadline, delivered or failed (it says which), every chunk back,
+/// never a hang. With the smaller of the two MTUs (exchanged over TCP, as
+/// an application does: the endpoint record has no MTU) 3000-byte sends go
+/// both ways.
+fn mtus(side: &Side) -> Result<(), Failed> {
+    let mut tcp = tcp(side, 18_601)?;
+    let mine = if side.server { 1500 } else { 4500 };
+    set_mtu(&side.netdev, mine)?;
+    let mut rc = Rc::new()?;
+    let end = Instant::now() + deadline();
+    while !rc.port_active()? {
+        ensure!(Instant::now() < end, "rxe0 not active after the MTU change");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let active = rc.ctx.query_port(1)?.active_mtu;
+    tcp.write_all(&active.bytes().to_be_bytes())?;
+    let mut theirs = [0u8; 4];
+    tcp.read_exact(&mut theirs)?;
+    let theirs = u32::from_be_bytes(theirs);
+    ensure!(
+        active.bytes() != theirs,
+        "both ports have MTU {theirs}: the NIC MTUs did not differ"
+    );
+    // Each side's own MTU.
+    rc.connect(&mut tcp, 0x5000)?;
+    if side.server {
+        rc.post_recvs(8)?;
+    }
+    let mut first = "";
+    if !side.server {
+        // Each completes, within the deadline: failed (the larger packets
+        // dropped: retry exceeded) or delivered (this NIC and rxe take
+        // them); never a hang.
+        rc.post_sends_of(4, 3000)?;
+        rc.reap(4)?;
+        first = match rc.failed {
+            0 => "delivered",
+            4 => "failed",
+            n => return Err(format!("{n} of 4 sends at the larger MTU failed").into()),
+        };
+        tcp.write_all(b"NEGOTIATE\n")?;
+    } else {
+        ensure!(line(&mut tcp)? == "NEGOTIATE", "the client did not go on");
+    }
+    rc.reset()?;
+    // The smaller of the two.
+    let agreed = rdma_verbs::Mtu::from_bytes(active.bytes().min(theirs)).ok_or("no common MTU")?;
+    rc.opts.path_mtu = Some(agreed);
+    rc.connect(&mut tcp, 0x6000)?;
+    rc.post_recvs(8)?;
+    let before = rc.failed;
+    rc.post_sends_of(4, 3000)?;
+    rc.reap(8)?; // its 4 sends and the peer's 4
+    ensure!(
+        rc.failed == before,
+        "{} sends or receives failed at MTU {}",
+        rc.failed - before,
+        agreed.bytes()
+    );
+    tcp.write_all(b"DONE\n")?;
+    ensure!(line(&mut tcp)? == "DONE", "the other side did not finish");
+    rc.reset()?;
+    set_mtu(&side.netdev, 1500)?;
+    eprintln!(
+        "hosts: MTUs ({}): port MTU {} against {theirs}{}, agreed {}: posted {} chunks, {} came back ({} completions failed)",
+        if side.server { "server" } else { "client" },
+        active.bytes(),
+        if first.is_empty() { String::new() } else { format!(" (3000-byte sends at {} {first})", active.bytes()) },
+        agreed.bytes(),
+        rc.posted,
+        rc.returned,
+        rc.failed
+    );
+    ensure!(
+        rc.posted == rc.returned,
+        "posted {} chunks, {} came back",
+        rc.posted,
+        rc.returned
+    );
+    Ok(())
+}
