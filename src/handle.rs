@@ -69,10 +69,11 @@ impl<T: RawObject, K> Owned<T, K> {
         if !self.owns {
             return 0;
         }
-        // SAFETY: `ptr` is live and owned by `self` (see `new`); the callers
-        // (`destroy`, `into_keep`, `try_into_keep`) end the handle when the
-        // destroy succeeds, and only `try_into_keep` hands the handle back,
-        // on failure, when the object is still alive (see `RawObject::destroy`).
+        // The callers (`destroy`, `into_keep`, `try_into_keep`) end the
+        // handle when the destroy succeeds, and only `try_into_keep` hands
+        // the handle back, on failure, when the object is still alive (see
+        // `RawObject::destroy`).
+        // SAFETY: `ptr` is live and owned by `self` (see `new` and above).
         unsafe { T::destroy(self.ptr.as_ptr()) }
     }
 

@@ -235,16 +235,39 @@ impl Rc {
         }
     }
 
+    /// Prints what this side posted and got back; they must be equal.
+    fn report(&self, side: &Side, test: &str, what: &str) -> Result<(), Failed> {
+        let role = if side.server { "server" } else { "client" };
+        let what = if what.is_empty() {
+            String::new()
+        } else {
+            format!("{what}: ")
+        };
+        eprintln!(
+            "hosts: {test} ({role}): {what}posted {} chunks, {} came back ({} completions failed)",
+            self.posted, self.returned, self.failed
+        );
+        ensure!(
+            self.posted == self.returned,
+            "posted {} chunks, {} came back",
+            self.posted,
+            self.returned
+        );
+        Ok(())
+    }
+
     fn port_active(&self) -> Result<bool, Failed> {
         Ok(self.ctx.query_port(1)?.state == PortState::Active)
     }
 }
 
-fn ip_link(netdev: &str, state: &str) -> Result<(), Failed> {
+/// `ip link set NETDEV ARGS...` on this side's link.
+fn ip_link(netdev: &str, args: &[&str]) -> Result<(), Failed> {
     let st = Command::new("ip")
-        .args(["link", "set", netdev, state])
+        .args(["link", "set", netdev])
+        .args(args)
         .status()?;
-    ensure!(st.success(), "ip link set {netdev} {state}: {st}");
+    ensure!(st.success(), "ip link set {netdev} {args:?}: {st}");
     Ok(())
 }
 
@@ -295,12 +318,12 @@ fn link_down(side: &Side) -> Result<(), Failed> {
             "{} of 20 sends failed before the link went down",
             rc.failed
         );
-        ip_link(&side.netdev, "down")?;
+        ip_link(&side.netdev, &["down"])?;
         rc.post_sends(10)?;
         rc.reap(10)?;
         let lost = rc.failed;
         ensure!(lost == 10, "only {lost} of 10 sends on a dead link failed");
-        ip_link(&side.netdev, "up")?;
+        ip_link(&side.netdev, &["up"])?;
         let end = Instant::now() + deadline();
         while !rc.port_active()? {
             ensure!(
@@ -322,28 +345,7 @@ fn link_down(side: &Side) -> Result<(), Failed> {
         );
         tcp.write_all(b"DONE\n")?;
     }
-    eprintln!(
-        "hosts: link down ({}): posted {} chunks, {} came back ({} completions failed)",
-        if side.server { "server" } else { "client" },
-        rc.posted,
-        rc.returned,
-        rc.failed
-    );
-    ensure!(
-        rc.posted == rc.returned,
-        "posted {} chunks, {} came back",
-        rc.posted,
-        rc.returned
-    );
-    Ok(())
-}
-
-fn set_mtu(netdev: &str, mtu: u32) -> Result<(), Failed> {
-    let st = Command::new("ip")
-        .args(["link", "set", netdev, "mtu", &mtu.to_string()])
-        .status()?;
-    ensure!(st.success(), "ip link set {netdev} mtu {mtu}: {st}");
-    Ok(())
+    rc.report(side, "link down", "")
 }
 
 /// The server's NIC keeps MTU 1500 (rxe: 1024-byte packets), the client's
@@ -356,7 +358,7 @@ fn set_mtu(netdev: &str, mtu: u32) -> Result<(), Failed> {
 fn mtus(side: &Side) -> Result<(), Failed> {
     let mut tcp = tcp(side, 18_601)?;
     let mine = if side.server { 1500 } else { 4500 };
-    set_mtu(&side.netdev, mine)?;
+    ip_link(&side.netdev, &["mtu", &mine.to_string()])?;
     let mut rc = Rc::new()?;
     let end = Instant::now() + deadline();
     while !rc.port_active()? {
@@ -411,22 +413,15 @@ fn mtus(side: &Side) -> Result<(), Failed> {
     tcp.write_all(b"DONE\n")?;
     ensure!(line(&mut tcp)? == "DONE", "the other side did not finish");
     rc.reset()?;
-    set_mtu(&side.netdev, 1500)?;
-    eprintln!(
-        "hosts: MTUs ({}): port MTU {} against {theirs}{}, agreed {}: posted {} chunks, {} came back ({} completions failed)",
-        if side.server { "server" } else { "client" },
+    ip_link(&side.netdev, &["mtu", "1500"])?;
+    let sent = match first {
+        "" => String::new(),
+        f => format!(" (3000-byte sends at {} {f})", active.bytes()),
+    };
+    let what = format!(
+        "port MTU {} against {theirs}{sent}, agreed {}",
         active.bytes(),
-        if first.is_empty() { String::new() } else { format!(" (3000-byte sends at {} {first})", active.bytes()) },
-        agreed.bytes(),
-        rc.posted,
-        rc.returned,
-        rc.failed
+        agreed.bytes()
     );
-    ensure!(
-        rc.posted == rc.returned,
-        "posted {} chunks, {} came back",
-        rc.posted,
-        rc.returned
-    );
-    Ok(())
+    rc.report(side, "MTUs", &what)
 }

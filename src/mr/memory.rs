@@ -92,12 +92,13 @@ unsafe impl RegisterBuffer for Pages {
 /// most file systems for long (`ibv_reg_mr` fails with `EFAULT` when the
 /// access includes [`LOCAL_WRITE`](crate::AccessFlags::LOCAL_WRITE)): use
 /// a read-only region as a source there, or a tmpfs or hugetlbfs file.
+// An MmapMut owns its mapping exclusively (it unmaps it when dropped and a
+// move moves only the pointer); the file behind it is the caller's, who
+// took on its changes when creating the map (memmap2's constructors are
+// `unsafe` for that).
 #[cfg(feature = "memmap2")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memmap2")))]
-// SAFETY: an MmapMut owns its mapping exclusively (it unmaps it when
-// dropped and a move moves only the pointer); the file behind it is the
-// caller's, who took on its changes when creating the map (memmap2's
-// constructors are `unsafe` for that).
+// SAFETY: an exclusively owned mapping that stays put (above).
 unsafe impl RegisterBuffer for memmap2::MmapMut {
     fn bytes_to_register(&mut self) -> &mut [u8] {
         self
@@ -110,12 +111,13 @@ unsafe impl RegisterBuffer for memmap2::MmapMut {
 /// allocation with it but never its bytes, so registering one leaves the
 /// other free to use; `unsplit` them again after
 /// [`into_inner`](crate::MemoryRegion::into_inner).
+// A BytesMut's `len` bytes are its own (handles split from the same
+// allocation own disjoint ranges), and they move or are reused only through
+// `&mut self` methods (reserve, unsplit, ...), which the crate never calls
+// on a registered buffer.
 #[cfg(feature = "bytes")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bytes")))]
-// SAFETY: a BytesMut's `len` bytes are its own (handles split from the
-// same allocation own disjoint ranges), and they move or are reused only
-// through `&mut self` methods (reserve, unsplit, ...), which the crate
-// never calls on a registered buffer.
+// SAFETY: bytes of its own that stay put while it is not used (above).
 unsafe impl RegisterBuffer for bytes::BytesMut {
     fn bytes_to_register(&mut self) -> &mut [u8] {
         self
@@ -136,10 +138,11 @@ pub(crate) struct Memory {
 // SAFETY: `Memory` is the address of bytes its owner (which is `Send`)
 // owns exclusively, and that owner. Nothing in it is tied to a thread.
 unsafe impl Send for Memory {}
-// SAFETY: `Memory` itself offers no access to the bytes; its holders
-// follow the pointer under their own rules (a region's volatile copies,
-// `read` through `&` and `write` through `&mut`; chunks' disjoint slices),
-// and the owner is never used through `&` (see `Owner`).
+// `Memory` itself offers no access to the bytes; its holders follow the
+// pointer under their own rules (a region's volatile copies, `read` through
+// `&` and `write` through `&mut`; chunks' disjoint slices), and the owner is
+// never used through `&` (see `Owner`).
+// SAFETY: nothing is reached through `&Memory` but by those rules (above).
 unsafe impl Sync for Memory {}
 
 /// The owner of a region's bytes, type-erased (its type is the

@@ -148,11 +148,12 @@ fn register<B: RegisterBuffer>(
     {
         return Err(Refused::new(e, *boxed));
     }
-    // SAFETY: the PD is live; `ptr..ptr + len` are bytes the boxed buffer
-    // owns exclusively and keeps valid while it is neither moved nor used
+    // The PD is live; `ptr..ptr + len` are bytes the boxed buffer owns
+    // exclusively and keeps valid while it is neither moved nor used
     // (`RegisterBuffer`), and the box goes into the region's `Memory`,
     // which `Owned` keeps (in `keep`) until after ibv_dereg_mr. The _iova2
     // form accepts every access flag; with iova = ptr it is ibv_reg_mr.
+    // SAFETY: a live PD and bytes kept valid until deregistration (above).
     let raw = unsafe {
         sys::ibv_reg_mr_iova2(pd.as_ptr(), ptr.as_ptr().cast(), len, iova, access.bits())
     };

@@ -180,10 +180,11 @@ impl<B: RegisterBuffer> MemoryRegion<B> {
             return Err(Refused::new(e, (self, Some(*boxed))));
         }
         let raw = self.core.as_ptr();
-        // SAFETY: the MR is live and no other handle, chunk or window names
-        // it (checked above); `ptr..ptr + len` are bytes the boxed buffer
-        // owns and keeps in place (`RegisterBuffer`), kept by the region
-        // from here on whatever the outcome (below).
+        // The MR is live and no other handle, chunk or window names it
+        // (checked above); `ptr..ptr + len` are bytes the boxed buffer owns
+        // and keeps in place (`RegisterBuffer`), kept by the region from
+        // here on whatever the outcome (below).
+        // SAFETY: a live, unshared MR and bytes kept valid (above).
         let rc = unsafe {
             sys::ibv_rereg_mr(
                 raw,

@@ -362,16 +362,21 @@ fn rereg_in_place(env: &Env) -> Result<(), Failed> {
     );
     // Still a working region: split it again and send from it (if it is
     // still in the QPs' PD).
-    let mut chunks = mr.into_chunks(4096)?;
     if moved.is_err() {
-        let recv =
-            p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
-                .remove(0);
-        p.b.post_recv([RecvWr::new(1).sge(recv)])?;
-        p.a.post_send([SendWr::new(2, SendOp::Send).sge_len(chunks.remove(0), 8)])?;
-        for wc in poll_n(&p.cq, 2)? {
-            ensure!(wc.is_success(), "after rereg: {wc:?}");
-        }
+        send_from(&mut p, mr.into_chunks(4096)?.remove(0), "after rereg")?;
+    }
+    Ok(())
+}
+
+/// `a` sends 8 bytes of `chunk` to `b`; both completions must succeed.
+fn send_from(p: &mut Pair, chunk: rdma_verbs::Chunk, what: &str) -> Result<(), Failed> {
+    let recv =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .remove(0);
+    p.b.post_recv([RecvWr::new(1).sge(recv)])?;
+    p.a.post_send([SendWr::new(2, SendOp::Send).sge_len(chunk, 8)])?;
+    for wc in poll_n(&p.cq, 2)? {
+        ensure!(wc.is_success(), "{what}: {wc:?}");
     }
     Ok(())
 }
@@ -429,16 +434,11 @@ fn rereg_buffer(env: &Env) -> Result<(), Failed> {
             back
         }
     };
-    let mut chunks = mr.into_chunks(4096)?;
-    let recv =
-        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
-            .remove(0);
-    p.b.post_recv([RecvWr::new(1).sge(recv)])?;
-    p.a.post_send([SendWr::new(2, SendOp::Send).sge_len(chunks.remove(0), 8)])?;
-    for wc in poll_n(&p.cq, 2)? {
-        ensure!(wc.is_success(), "after a refused rereg_buffer: {wc:?}");
-    }
-    Ok(())
+    send_from(
+        &mut p,
+        mr.into_chunks(4096)?.remove(0),
+        "after a refused rereg_buffer",
+    )
 }
 
 /// A registered shared mapping whose file is truncated meanwhile (memmap2
