@@ -56,6 +56,7 @@ mod tcp_example;
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -135,6 +136,22 @@ fn connect(
     Ok(me)
 }
 
+/// The peer's next line must be `want`; `FAIL reason` (or nothing) is
+/// the peer's failure, named by `peer`.
+fn expect_line(tcp: &TcpStream, want: &str, peer: &str) -> Res<()> {
+    let mut line = String::new();
+    BufReader::new(tcp).read_line(&mut line)?;
+    if line.strip_suffix('\n') == Some(want) {
+        return Ok(());
+    }
+    let reason = line
+        .trim_end()
+        .strip_prefix("FAIL ")
+        .unwrap_or(&format!("the {peer} left"))
+        .to_owned();
+    Err(format!("the {peer} failed: {reason}").into())
+}
+
 // ---------------------------------------------------------------------------
 // The server.
 
@@ -182,15 +199,7 @@ fn server(o: &Options) -> Res<()> {
     let me = connect(&mut qp, o, AccessFlags::REMOTE_WRITE, &remote)?;
     tcp.write_all(&grant(&me, memory))?;
 
-    let mut line = String::new();
-    BufReader::new(&tcp).read_line(&mut line)?;
-    if line != "DONE\n" {
-        let reason = line
-            .trim_end()
-            .strip_prefix("FAIL ")
-            .unwrap_or("the client left");
-        return Err(format!("the client failed: {reason}").into());
-    }
+    expect_line(&tcp, "DONE", "client")?;
     let result = finish(landing, len, &o.file);
     let answer = match &result {
         Ok(()) => "OK\n".to_owned(),
@@ -281,15 +290,7 @@ fn client(o: &Options, host: &str) -> Res<()> {
         Err(e) => tcp.write_all(format!("FAIL {e}\n").as_bytes())?,
     }
     let hash = result?;
-    let mut answer = String::new();
-    BufReader::new(&tcp).read_line(&mut answer)?;
-    if answer != "OK\n" {
-        let reason = answer
-            .trim_end()
-            .strip_prefix("FAIL ")
-            .unwrap_or("the server left");
-        return Err(format!("the server failed: {reason}").into());
-    }
+    expect_line(&tcp, "OK", "server")?;
     println!(
         "file_write: sent {len} bytes from {}, fnv1a {hash:016x}",
         o.file
