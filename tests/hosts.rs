@@ -3,6 +3,9 @@
 //! RDMA across the virtual link, and each side reports the chunks it posted
 //! and the chunks that came back (equal, or the test fails).
 //!
+//! Each test runs in a process of its own on each side (see `main`); the
+//! receiving peer of two of them is a child process (`hosts/peer.rs`).
+//!
 //! Outside a two-host run (no `RDMA_VERBS_PEER`) every test reports itself
 //! ignored, saying why; with `RDMA_VERBS_REQUIRE_HOSTS=1` it fails instead.
 //! `.ci/vm test` leaves this binary out: `.ci/vm hosts tests` runs it.
@@ -13,6 +16,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Failed, Trial};
+
 use rdma_verbs::qp::{
     AckTimeout, ConnectOptions, Endpoint, Psn, RecvWr, RetryCount, SendOp, SendWr,
 };
@@ -29,9 +33,16 @@ macro_rules! ensure {
     };
 }
 
+#[path = "hosts/cm.rs"]
+mod cm;
+#[path = "hosts/peer.rs"]
+mod peer;
+
 /// This side of the run: from `.ci/hosts-guest`'s environment.
 struct Side {
     server: bool,
+    /// This VM's address on the link.
+    me: String,
     peer: String,
     netdev: String,
 }
@@ -41,9 +52,23 @@ type TestFn = fn(&Side) -> Result<(), Failed>;
 const TESTS: &[(&str, TestFn)] = &[
     ("hosts::link_down_during_traffic_then_reconnect", link_down),
     ("hosts::different_mtus_never_hang_and_negotiate", mtus),
+    (
+        "hosts::cm_link_down_disconnect_then_reconnect",
+        cm::link_down,
+    ),
+    (
+        "hosts::peer_killed_mid_transfer_then_reconnect",
+        peer::killed,
+    ),
+    ("hosts::peer_device_removed_and_readded", cm::device_removed),
+    // Last: its server side removes rxe0 for a while.
+    ("hosts::silent_peer_cm_timeouts_are_typed", cm::silent_peer),
 ];
 
 fn main() -> ExitCode {
+    if let Ok(role) = std::env::var(peer::CHILD_ENV) {
+        return peer::child(&role);
+    }
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
     let side = match (
@@ -52,6 +77,7 @@ fn main() -> ExitCode {
     ) {
         (Ok(h), Ok(peer)) => Some(Side {
             server: h == "1",
+            me: std::env::var("RDMA_VERBS_SELF").unwrap_or_default(),
             peer,
             netdev: std::env::var("RDMA_VERBS_NETDEV").unwrap_or_default(),
         }),
@@ -61,6 +87,12 @@ fn main() -> ExitCode {
     if side.is_none() {
         eprintln!("hosts: SKIPPED: not in a two-host run (.ci/vm hosts tests runs these)");
     }
+    // In a two-host run each test runs in a process of its own (this
+    // executable again, ONE_ENV set): librdmacm keeps a device's context
+    // open for the life of a process that used the CM on it, and rxe's
+    // removal waits for every such context, so a test that removes rxe0
+    // needs processes that have not touched it.
+    let alone = std::env::var_os(ONE_ENV).is_some();
     let side = std::sync::Arc::new(side);
     let trials = TESTS
         .iter()
@@ -68,7 +100,8 @@ fn main() -> ExitCode {
             let skip = side.is_none() && !required;
             let side = side.clone();
             Trial::test(name, move || match side.as_ref() {
-                Some(s) => f(s),
+                Some(s) if alone => f(s),
+                Some(_) => in_own_process(name),
                 None => {
                     Err("not in a two-host run, which RDMA_VERBS_REQUIRE_HOSTS=1 asks for".into())
                 }
@@ -77,6 +110,20 @@ fn main() -> ExitCode {
         })
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Set for the process that runs one test (see `main`).
+const ONE_ENV: &str = "RDMA_VERBS_HOSTS_ONE";
+
+/// Runs test `name` in a new process of this executable; its output goes
+/// where this one's goes.
+fn in_own_process(name: &str) -> Result<(), Failed> {
+    let st = Command::new(std::env::current_exe()?)
+        .args(["--exact", name, "--test-threads=1", "--quiet"])
+        .env(ONE_ENV, "1")
+        .status()?;
+    ensure!(st.success(), "{name}: {st}");
+    Ok(())
 }
 
 /// 20 s, times `RDMA_VERBS_TIME_SCALE`.
@@ -90,8 +137,16 @@ fn deadline() -> Duration {
 }
 
 /// The TCP connection of one test: the server listens on `port`, the
-/// client connects, retrying until the deadline.
+/// client connects, retrying until the deadline. A read waits at most 12
+/// deadlines (the longest wait of a test is the CM giving up on its REQs: 102 s
+/// in a quiet run).
 fn tcp(side: &Side, port: u16) -> Result<TcpStream, Failed> {
+    let s = tcp_connection(side, port)?;
+    s.set_read_timeout(Some(deadline() * 12))?;
+    Ok(s)
+}
+
+fn tcp_connection(side: &Side, port: u16) -> Result<TcpStream, Failed> {
     if side.server {
         let l = TcpListener::bind(("0.0.0.0", port))?;
         return Ok(l.accept()?.0);
@@ -123,16 +178,19 @@ struct Rc {
 }
 
 impl Rc {
+    /// A QP of its own on a context of rxe0 opened here.
     fn new() -> Result<Rc, Failed> {
-        let ctx = Context::open("rxe0")?;
+        Rc::on(Context::open("rxe0")?, |pd, attr| Ok(pd.create_qp(attr)?))
+    }
+
+    /// The PD, the CQ and the QP `make` creates on `ctx`.
+    fn on(
+        ctx: Context,
+        make: impl FnOnce(&ProtectionDomain, &QpInitAttr<'_>) -> Result<QueuePair, Failed>,
+    ) -> Result<Rc, Failed> {
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(256)?;
-        let caps = QpCaps {
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            ..QpCaps::default()
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps))?;
+        let qp = make(&pd, &Rc::attr(&cq))?;
         let opts = ConnectOptions {
             gid_index: Some(1),
             timeout: AckTimeout::new(12)?,
@@ -149,6 +207,15 @@ impl Rc {
             returned: 0,
             failed: 0,
         })
+    }
+
+    fn attr(cq: &CompletionQueue) -> QpInitAttr<'_> {
+        let caps = QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            ..QpCaps::default()
+        };
+        QpInitAttr::new(QpType::Rc, cq, cq).caps(caps)
     }
 
     /// Connects to the other side's QP: endpoints exchanged over `tcp`.
@@ -192,47 +259,128 @@ impl Rc {
         Ok(())
     }
 
-    /// Polls until `n` completions came (or the deadline), reclaiming each;
-    /// counts the chunks back and the failed completions.
-    fn reap(&mut self, n: usize) -> Result<(), Failed> {
-        let end = Instant::now() + deadline();
+    /// One poll of the CQ, each completion reclaimed (its chunks counted
+    /// back): how many succeeded and how many failed.
+    fn poll_once(&mut self) -> Result<(usize, usize), Failed> {
         let mut wcs = [WorkCompletion::default(); 32];
-        let mut seen = 0;
+        let (mut ok, mut bad) = (0, 0);
+        for wc in self.cq.poll(&mut wcs)?.iter() {
+            if wc.is_success() {
+                ok += 1;
+            } else {
+                bad += 1;
+            }
+            let (returned, qp) = (&mut self.returned, &mut self.qp);
+            qp.reclaim(wc, |done| *returned += done.chunks().count());
+        }
+        self.failed += bad;
+        Ok((ok, bad))
+    }
+
+    /// Polls until `n` completions came (or the deadline), reclaiming each;
+    /// counts the chunks back and the failed completions. Returns how many
+    /// succeeded.
+    fn reap(&mut self, n: usize) -> Result<usize, Failed> {
+        let end = Instant::now() + deadline();
+        let (mut seen, mut succeeded) = (0, 0);
         while seen < n {
             ensure!(
                 Instant::now() < end,
                 "{seen} of {n} completions within {:?}",
                 deadline()
             );
-            for wc in self.cq.poll(&mut wcs)?.iter() {
-                seen += 1;
-                if !wc.is_success() {
-                    self.failed += 1;
-                }
-                let (returned, qp) = (&mut self.returned, &mut self.qp);
-                qp.reclaim(wc, |done| *returned += done.chunks().count());
+            let (ok, bad) = self.poll_once()?;
+            (seen, succeeded) = (seen + ok + bad, succeeded + ok);
+        }
+        Ok(succeeded)
+    }
+
+    /// Streams 64-byte sends, up to 32 in flight, until one fails (or
+    /// `max` went through: an error); then waits for the rest, which the
+    /// failure flushes. Returns how many were delivered.
+    fn stream_until_failure(&mut self, max: usize) -> Result<usize, Failed> {
+        let end = Instant::now() + deadline() * 3;
+        let (mut delivered, mut in_flight, before) = (0, 0, self.failed);
+        while self.failed == before {
+            ensure!(
+                delivered < max && Instant::now() < end,
+                "{delivered} sends delivered and none failed"
+            );
+            if in_flight <= 16 {
+                self.post_sends(16)?;
+                in_flight += 16;
+            }
+            let (ok, bad) = self.poll_once()?;
+            (delivered, in_flight) = (delivered + ok, in_flight - ok - bad);
+            if ok + bad == 0 {
+                std::thread::sleep(Duration::from_micros(200));
             }
         }
-        Ok(())
+        Ok(delivered + self.reap(in_flight)?)
+    }
+
+    /// Receives, each reposted as it completes, until `stop` says so (it
+    /// sees how many came so far); polls gently (this VM has one CPU).
+    fn sink(
+        &mut self,
+        mut stop: impl FnMut(usize) -> Result<bool, Failed>,
+    ) -> Result<usize, Failed> {
+        let mut received = 0;
+        while !stop(received)? {
+            let (ok, _) = self.poll_once()?;
+            if ok > 0 {
+                self.post_recvs(ok)?;
+                received += ok;
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(received)
     }
 
     /// RESET: every request still held comes back; completions of them
-    /// still in the CQ are polled away (they end nothing now).
+    /// still in the CQ are polled away (they end nothing now, and count as
+    /// no failure).
     fn reset(&mut self) -> Result<(), Failed> {
         for done in self.qp.reset()? {
             self.returned += done.chunks().count();
         }
-        let mut wcs = [WorkCompletion::default(); 32];
-        loop {
-            let polled = self.cq.poll(&mut wcs)?;
-            if polled.is_empty() {
-                return Ok(());
-            }
-            for wc in polled.iter() {
-                let (returned, qp) = (&mut self.returned, &mut self.qp);
-                qp.reclaim(wc, |done| *returned += done.chunks().count());
-            }
-        }
+        let failed = self.failed;
+        while self.poll_once()? != (0, 0) {}
+        self.failed = failed;
+        Ok(())
+    }
+
+    /// 20 sends go through; with `netdev` down 10 more fail (retry
+    /// exceeded, the rest flushed) and come back; the link goes up again
+    /// and rxe0's port is active once more.
+    fn sends_across_a_link_flap(&mut self, netdev: &str) -> Result<(), Failed> {
+        self.post_sends(20)?;
+        ensure!(
+            self.reap(20)? == 20,
+            "sends failed before the link went down"
+        );
+        ip_link(netdev, &["down"])?;
+        self.post_sends(10)?;
+        let delivered = self.reap(10)?;
+        ensure!(
+            delivered == 0,
+            "{delivered} of 10 sends on a dead link went through"
+        );
+        ip_link(netdev, &["up"])?;
+        rxe0_active()
+    }
+
+    /// Chunks posted, chunks back, failed completions.
+    fn counts(&self) -> (usize, usize, usize) {
+        (self.posted, self.returned, self.failed)
+    }
+
+    /// Adds the [`counts`](Self::counts) of a QP this one took over from.
+    fn carry(&mut self, (posted, returned, failed): (usize, usize, usize)) {
+        self.posted += posted;
+        self.returned += returned;
+        self.failed += failed;
     }
 
     /// Prints what this side posted and got back; they must be equal.
@@ -255,20 +403,41 @@ impl Rc {
         );
         Ok(())
     }
+}
 
-    fn port_active(&self) -> Result<bool, Failed> {
-        Ok(self.ctx.query_port(1)?.state == PortState::Active)
+/// Waits until rxe0 exists and its port is active (after a link up or
+/// an `rdma link add`).
+fn rxe0_active() -> Result<(), Failed> {
+    wait_until("rxe0 active", || {
+        Ok(Context::open("rxe0")
+            .ok()
+            .map(|ctx| ctx.query_port(1))
+            .transpose()?
+            .is_some_and(|p| p.state == PortState::Active))
+    })
+}
+
+/// Polls `done` every 100 ms until it says yes; an error once the
+/// deadline has passed.
+fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool, Failed>) -> Result<(), Failed> {
+    let end = Instant::now() + deadline();
+    while !done()? {
+        ensure!(Instant::now() < end, "{what}: not within {:?}", deadline());
+        std::thread::sleep(Duration::from_millis(100));
     }
+    Ok(())
+}
+
+/// Runs a command to its end: it must succeed.
+fn run(cmd: &mut Command) -> Result<(), Failed> {
+    let st = cmd.status()?;
+    ensure!(st.success(), "{cmd:?}: {st}");
+    Ok(())
 }
 
 /// `ip link set NETDEV ARGS...` on this side's link.
 fn ip_link(netdev: &str, args: &[&str]) -> Result<(), Failed> {
-    let st = Command::new("ip")
-        .args(["link", "set", netdev])
-        .args(args)
-        .status()?;
-    ensure!(st.success(), "ip link set {netdev} {args:?}: {st}");
-    Ok(())
+    run(Command::new("ip").args(["link", "set", netdev]).args(args))
 }
 
 /// One line from `tcp`, read a byte at a time (what follows it, an
@@ -311,28 +480,8 @@ fn link_down(side: &Side) -> Result<(), Failed> {
         rc.reset()?;
     } else {
         rc.connect(&mut tcp, 0x3000)?;
-        rc.post_sends(20)?;
-        rc.reap(20)?;
-        ensure!(
-            rc.failed == 0,
-            "{} of 20 sends failed before the link went down",
-            rc.failed
-        );
-        ip_link(&side.netdev, &["down"])?;
-        rc.post_sends(10)?;
-        rc.reap(10)?;
+        rc.sends_across_a_link_flap(&side.netdev)?;
         let lost = rc.failed;
-        ensure!(lost == 10, "only {lost} of 10 sends on a dead link failed");
-        ip_link(&side.netdev, &["up"])?;
-        let end = Instant::now() + deadline();
-        while !rc.port_active()? {
-            ensure!(
-                Instant::now() < end,
-                "rxe0 not active again within {:?}",
-                deadline()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
         rc.reset()?;
         tcp.write_all(b"RECONNECT\n")?;
         rc.connect(&mut tcp, 0x4000)?;
@@ -359,12 +508,8 @@ fn mtus(side: &Side) -> Result<(), Failed> {
     let mut tcp = tcp(side, 18_601)?;
     let mine = if side.server { 1500 } else { 4500 };
     ip_link(&side.netdev, &["mtu", &mine.to_string()])?;
+    rxe0_active()?;
     let mut rc = Rc::new()?;
-    let end = Instant::now() + deadline();
-    while !rc.port_active()? {
-        ensure!(Instant::now() < end, "rxe0 not active after the MTU change");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let active = rc.ctx.query_port(1)?.active_mtu;
     tcp.write_all(&active.bytes().to_be_bytes())?;
     let mut theirs = [0u8; 4];
