@@ -81,7 +81,7 @@ pub fn connect(side: &Side, port: u16) -> Result<(EventChannel, CmId, Rc), Faile
 
 /// Disconnects (if still connected), waits for this side's
 /// `Disconnected` (the peer's answer, or the CM giving up), resets.
-fn close(ch: &EventChannel, id: &CmId, rc: &mut Rc) -> Result<(), Failed> {
+pub fn close(ch: &EventChannel, id: &CmId, rc: &mut Rc) -> Result<(), Failed> {
     id.disconnect()?;
     ch.expect(CmEventKind::Disconnected, deadline() * 2)?;
     rc.reset()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::Failed;
 use rdma_verbs::cm::{CmEventKind, EventChannel};
 
-use super::cm::{accept, connect, listen};
+use super::cm::{accept, close, connect, listen};
 use super::{deadline, Side};
 
 /// Set in a child's environment: run as the receiving peer, not as tests.
@@ -188,9 +188,7 @@ pub fn survivor(side: &Side, port: u16, test: &str) -> Result<(), Failed> {
     let (ch, id, mut rc) = connect(side, port)?;
     rc.post_sends(20)?;
     ensure!(rc.reap(20)? == 20, "sends failed after the reconnect");
-    id.disconnect()?;
-    ch.expect(CmEventKind::Disconnected, deadline() * 2)?;
-    rc.reset()?;
+    close(&ch, &id, &mut rc)?;
     rc.carry(first);
     let what = format!("{delivered} sends delivered, {failed} failed when the peer went away, then 20 after the reconnect");
     rc.report(side, test, &what)
