@@ -79,8 +79,8 @@ pub fn connect(side: &Side, port: u16) -> Result<(EventChannel, CmId, Rc), Faile
     }
 }
 
-/// Disconnects (if still connected), waits for this side's
-/// `Disconnected` (the peer's answer, or the CM giving up), resets.
+/// Disconnects a connected id, waits for this side's `Disconnected` (the
+/// peer's answer, or the CM giving up), resets.
 pub fn close(ch: &EventChannel, id: &CmId, rc: &mut Rc) -> Result<(), Failed> {
     id.disconnect()?;
     ch.expect(CmEventKind::Disconnected, deadline() * 2)?;
@@ -89,11 +89,11 @@ pub fn close(ch: &EventChannel, id: &CmId, rc: &mut Rc) -> Result<(), Failed> {
 
 /// The next event on `ch` that is not a late one of an earlier
 /// connection (`Disconnected`, `TimewaitExit` for an id other than `id`),
-/// within `wait`: it must be `kind`, for `id` if given.
+/// within `wait`: it must be `kind`.
 fn next_event(
     ch: &EventChannel,
     kind: CmEventKind,
-    id: Option<&CmId>,
+    id: &CmId,
     wait: Duration,
 ) -> Result<CmEvent, Failed> {
     let end = Instant::now() + wait;
@@ -105,7 +105,7 @@ fn next_event(
         let late = matches!(
             ev.kind(),
             CmEventKind::Disconnected | CmEventKind::TimewaitExit
-        ) && id.is_some_and(|id| !ev.is_for(id));
+        ) && !ev.is_for(id);
         if late {
             continue;
         }
@@ -154,7 +154,7 @@ pub fn link_down(side: &Side) -> Result<(), Failed> {
         drop(next_event(
             &ch,
             CmEventKind::Disconnected,
-            Some(&id2),
+            &id2,
             deadline() * 2,
         )?);
         id2.disconnect()?;
