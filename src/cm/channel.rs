@@ -214,7 +214,7 @@ impl EventChannel {
     }
 
     /// One `rdma_get_cm_event` on the non-blocking descriptor, under the lock.
-    fn read_one(&self) -> Result<Option<CmEvent>> {
+    pub(crate) fn read_one(&self) -> Result<Option<CmEvent>> {
         let guard = self.inner.lock();
         loop {
             let mut raw: *mut sys::rdma_cm_event = std::ptr::null_mut();

@@ -325,6 +325,13 @@ impl CmEvent {
         self.id.key()
     }
 
+    /// Whether nothing but this event holds its id (no handle is left to
+    /// ask for it) and it carries no request.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn orphaned(&self) -> bool {
+        self.request.is_none() && Arc::strong_count(&self.id) == 1
+    }
+
     /// Takes a connection request's new id, to [`accept`](CmId::accept)
     /// or [`reject`](CmId::reject). `None` for other events, and the
     /// second time.

@@ -297,6 +297,12 @@ impl CmId {
         &self.inner
     }
 
+    /// Whether the id's events arrive on `chan`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn on_channel(&self, chan: &Arc<ChannelInner>) -> bool {
+        Arc::ptr_eq(&self.inner.chan, chan)
+    }
+
     /// A number that tells this id apart from every other of the process
     /// ([`CmEvent::id_key`](super::CmEvent::id_key) gives the one of an
     /// event's id).

@@ -1,0 +1,62 @@
+//! The `tokio` feature against a real device: many QPs exchanging
+//! messages with a task each (on one shared CQ, and on a CQ each), futures
+//! dropped at every await point with the completion or event still
+//! delivered afterwards, the CM's steps as `async fn`s, and the typed
+//! refusals. See `tests/common/mod.rs` for how the device is chosen and
+//! skipped.
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+
+mod cancel;
+#[cfg(feature = "cm")]
+mod cm;
+mod exchange;
+mod misuse;
+
+use std::future::Future;
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+
+fn main() -> std::process::ExitCode {
+    let mut tests = Vec::new();
+    tests.extend_from_slice(exchange::TESTS);
+    tests.extend_from_slice(cancel::TESTS);
+    tests.extend_from_slice(misuse::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(cm::TESTS);
+    common::run("tokio", &tests)
+}
+
+/// A multi-threaded runtime with two workers (the VM's two CPUs).
+pub fn runtime() -> Result<tokio::runtime::Runtime, Failed> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Runs `f` on a fresh runtime with `limit` for the whole of it: a wait
+/// that never ends (a lost wakeup) fails the test instead of hanging it.
+pub fn run_for<F>(limit: Duration, f: F) -> Result<(), Failed>
+where
+    F: Future<Output = Result<(), Failed>>,
+{
+    let rt = runtime()?;
+    rt.block_on(async {
+        match tokio::time::timeout(limit, f).await {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "not finished after {limit:?}: a wait was never woken (raise RDMA_VERBS_TIME_SCALE on a slow machine)"
+            )
+            .into()),
+        }
+    })
+}
+
+/// The test's deadline.
+pub fn limit() -> Duration {
+    common::deadline()
+}

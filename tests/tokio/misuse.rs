@@ -1,0 +1,142 @@
+//! Typed refusals: constructors outside a runtime, a QP registered on the
+//! wrong CQ or twice, a second `AsyncEvents` on one context, an empty
+//! buffer; completions of a QP nobody registered are counted, not routed.
+
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+use rdma_verbs::tokio::{AsyncCq, AsyncEvents, SharedCq};
+use rdma_verbs::{AccessFlags, Error, QpInitAttr, QpType, WorkCompletion};
+
+use crate::common::{Env, TestFn};
+
+pub const TESTS: &[(&str, TestFn)] = &[
+    (
+        "misuse::outside_a_runtime_is_a_typed_error",
+        outside_runtime,
+    ),
+    (
+        "misuse::register_refuses_another_cqs_qp_and_a_second_time",
+        register_checks,
+    ),
+    (
+        "misuse::a_second_async_events_is_a_typed_error",
+        events_twice,
+    ),
+    (
+        "misuse::empty_buffers_and_unregistered_qps",
+        empty_and_unrouted,
+    ),
+];
+
+fn outside_runtime(env: &Env) -> Result<(), Failed> {
+    let before = std::fs::read_dir("/proc/self/fd")?.count();
+    let e = AsyncCq::new(&env.ctx, 16).unwrap_err();
+    ensure!(
+        matches!(e, Error::InvalidArgument { .. }),
+        "AsyncCq::new: {e:?}"
+    );
+    let e = SharedCq::new(&env.ctx, 16).unwrap_err();
+    ensure!(
+        matches!(e, Error::InvalidArgument { .. }),
+        "SharedCq::new: {e:?}"
+    );
+    let e = AsyncEvents::new(&env.ctx).unwrap_err();
+    ensure!(
+        matches!(e, Error::InvalidArgument { .. }),
+        "AsyncEvents::new: {e:?}"
+    );
+    #[cfg(feature = "cm")]
+    {
+        let e = rdma_verbs::tokio::AsyncCmChannel::new().unwrap_err();
+        ensure!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "AsyncCmChannel::new: {e:?}"
+        );
+    }
+    // Nothing was created: no completion channel (a descriptor) is left.
+    let after = std::fs::read_dir("/proc/self/fd")?.count();
+    ensure!(
+        after == before,
+        "{before} descriptors before, {after} after the refusals"
+    );
+    Ok(())
+}
+
+fn register_checks(env: &Env) -> Result<(), Failed> {
+    crate::run_for(crate::limit(), async {
+        let pd = env.ctx.alloc_pd()?;
+        let shared = SharedCq::new(&env.ctx, 64)?;
+        let other = env.ctx.create_cq(16)?;
+        let foreign = pd.create_qp(&QpInitAttr::new(QpType::Rc, &other, &other))?;
+        let e = shared.register(&foreign).unwrap_err();
+        ensure!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "another CQ's QP: {e:?}"
+        );
+        // Only the receive CQ shared: accepted.
+        let half = pd.create_qp(&QpInitAttr::new(QpType::Rc, &other, shared.cq()))?;
+        let h = shared.register(&half)?;
+        let e = shared.register(&half).unwrap_err();
+        ensure!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "registered twice: {e:?}"
+        );
+        drop(h);
+        let _again = shared.register(&half)?;
+        Ok(())
+    })
+}
+
+fn events_twice(env: &Env) -> Result<(), Failed> {
+    crate::run_for(crate::limit(), async {
+        let first = AsyncEvents::new(&env.ctx)?;
+        let e = AsyncEvents::new(&env.ctx).unwrap_err();
+        ensure!(e.errno() == Some(libc::EEXIST), "second AsyncEvents: {e:?}");
+        drop(first);
+        let _again = AsyncEvents::new(&env.ctx)?;
+        Ok(())
+    })
+}
+
+fn empty_and_unrouted(env: &Env) -> Result<(), Failed> {
+    crate::run_for(crate::limit(), async {
+        let mut cq = AsyncCq::new(&env.ctx, 16)?;
+        ensure!(
+            cq.poll(&mut []).await?.is_empty(),
+            "an empty buffer got completions"
+        );
+        let shared = SharedCq::new(&env.ctx, 64)?;
+        let pd = env.ctx.alloc_pd()?;
+        let attr = QpInitAttr::new(QpType::Rc, shared.cq(), shared.cq());
+        let (mut a, mut b) = (pd.create_qp(&attr)?, pd.create_qp(&attr)?);
+        crate::common::connect(env, &mut a, &mut b, AccessFlags::empty())?;
+        let mut qa = shared.register(&a)?;
+        ensure!(
+            qa.poll(&mut []).await?.is_empty(),
+            "an empty buffer got completions"
+        );
+        // b is not registered: its receive completion is counted, a's send
+        // completion is routed.
+        let bufs = pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+        let mut it = bufs.into_iter();
+        b.post_recv([rdma_verbs::qp::RecvWr::new(7).sge(it.next().unwrap())])?;
+        a.post_send(
+            [rdma_verbs::qp::SendWr::new(8, rdma_verbs::qp::SendOp::Send)
+                .sge_len(it.next().unwrap(), 8)],
+        )?;
+        let mut wcs = [WorkCompletion::default(); 4];
+        let got = qa.poll(&mut wcs).await?;
+        ensure!(got.len() == 1 && got[0].qp_num() == a.qp_num(), "{got:?}");
+        let start = std::time::Instant::now();
+        while shared.unrouted() < 1 {
+            ensure!(
+                start.elapsed() < crate::limit(),
+                "b's completion never counted"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        ensure!(shared.unrouted() == 1, "{} unrouted", shared.unrouted());
+        Ok(())
+    })
+}
