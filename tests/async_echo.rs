@@ -1,0 +1,142 @@
+//! The `async_echo` example (tokio, RC through the CM) on the test device:
+//! a server and 100 clients connected at once, each client making 100
+//! round trips whose echoes it checks byte for byte; a client with nobody
+//! listening; bad command lines.
+//!
+//! The server listens on the test port's IPv4 address (from its RoCE GID,
+//! or `RDMA_VERBS_CM_ADDR`) and counts as listening once `rdma resource
+//! show cm_id` lists it. Needs the device (see `tests/common`) and the
+//! `rdma` tool.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use std::net::IpAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+
+use common::{cm_addr, procs, rust_example, Env, TestFn};
+
+const TESTS: &[(&str, TestFn)] = &[
+    ("async_echo::hundred_concurrent_clients", hundred_clients),
+    ("async_echo::no_server_fails_typed", no_server),
+    ("async_echo::bad_command_lines", bad_command_lines),
+];
+
+fn main() -> std::process::ExitCode {
+    common::run("async_echo", TESTS)
+}
+
+fn limit() -> Duration {
+    common::deadline() * 6
+}
+
+/// Starts the server on `ip:port`, exiting after `n` connections, and
+/// waits until it listens.
+fn server(ip: IpAddr, port: u16, n: u32) -> Result<std::process::Child, Failed> {
+    let mut child = procs::spawn(Command::new(rust_example("async_echo")?).args([
+        "-b",
+        &ip.to_string(),
+        "-p",
+        &port.to_string(),
+        "-x",
+        &n.to_string(),
+    ]))?;
+    let want = format!("{ip}:{port}");
+    let listening = |w: &[&str]| {
+        w.windows(2).any(|p| p == ["state", "LISTEN"])
+            && w.windows(2).any(|p| p[0] == "src-addr" && p[1] == want)
+    };
+    if let Err(e) = common::wait_for_cm_id(&mut child, "the async_echo server", listening) {
+        let _ = child.kill();
+        let ran = procs::finish(child, Duration::ZERO)?;
+        return Err(format!("{e:?}\nserver: {}", ran.merged()).into());
+    }
+    Ok(child)
+}
+
+fn hundred_clients(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let port = 7480;
+    let srv = server(ip, port, 100)?;
+    let client = procs::spawn(Command::new(rust_example("async_echo")?).args([
+        "-p",
+        &port.to_string(),
+        "-c",
+        "100",
+        "-n",
+        "100",
+        &ip.to_string(),
+    ]))?;
+    let c = procs::finish(client, limit())?;
+    let s = procs::finish(srv, limit())?;
+    let both = format!("client:\n{}\nserver:\n{}", c.merged(), s.merged());
+    ensure!(
+        c.code == Some(0) && s.code == Some(0),
+        "exit codes {:?} {:?}\n{both}",
+        c.code,
+        s.code
+    );
+    ensure!(
+        c.stdout
+            .contains("async_echo: 100 connections, 10000 round trips, 0 failed, rtt median "),
+        "client line\n{both}"
+    );
+    ensure!(
+        s.stdout.trim() == "async_echo: served 100 connections, 10000 messages",
+        "server line\n{both}"
+    );
+    ensure!(c.stderr.is_empty() && s.stderr.is_empty(), "stderr\n{both}");
+    eprintln!("async_echo: {}", c.stdout.trim());
+    Ok(())
+}
+
+fn no_server(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let client = procs::spawn(Command::new(rust_example("async_echo")?).args([
+        "-p",
+        "7481",
+        "-c",
+        "3",
+        "-n",
+        "1",
+        &ip.to_string(),
+    ]))?;
+    let c = procs::finish(client, limit())?;
+    ensure!(c.code == Some(1), "exit code {:?}\n{}", c.code, c.merged());
+    ensure!(
+        c.stderr.contains("3 connections, 0 round trips, 3 failed")
+            && c.stderr.contains(
+                "connect: waited for RDMA_CM_EVENT_ESTABLISHED, got RDMA_CM_EVENT_REJECTED"
+            ),
+        "{}",
+        c.merged()
+    );
+    Ok(())
+}
+
+fn bad_command_lines(_env: &Env) -> Result<(), Failed> {
+    for args in [
+        &["-s", "4"][..],
+        &["-s", "5000"],
+        &["-c", "0", "host"],
+        &["-n", "x", "host"],
+        &["--bogus"],
+        &["a", "b"],
+        &["-p"],
+    ] {
+        let out = Command::new(rust_example("async_echo")?)
+            .args(args)
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(2) && err.contains("usage: async_echo"),
+            "{args:?}: {:?} {err}",
+            out.status.code()
+        );
+    }
+    Ok(())
+}
