@@ -24,6 +24,9 @@
 //!   -q, --qp=N                number of QPs, round robin (bw, default 1)
 //!   -e, --events              sleep on CQ events instead of busy polling
 //!                             (refused for write_lat, which polls memory)
+//!       --async               sleep on CQ events through tokio instead: an
+//!                             `AsyncCq` whose waits run on a current-thread
+//!                             runtime (refused for write_lat)
 //!   -A, --atomic_type=TYPE    CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
 //!   -r, --rx-depth=N          receives kept posted (send tests, default 512, at most iters)
 //!       --raw                 the raw path (sys structs, post_send_raw/post_recv_raw)

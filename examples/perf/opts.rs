@@ -142,12 +142,17 @@ pub struct Opts {
     /// `--recv-buffers`: the safe path's receives from queue-owned
     /// buffers (`RecvBuffers`) rather than chunks it moves itself.
     pub recv_buffers: bool,
+    /// `--async`: sleep on CQ events through tokio (`rdma_verbs::tokio::AsyncCq`
+    /// on a current-thread runtime) rather than in `ibv_get_cq_event`;
+    /// implies `events`.
+    pub async_wait: bool,
 }
 
 /// `--raw` and `--ex` have no short form.
 const RAW: char = '\0';
 const EX: char = '\u{1}';
 const RECV_BUFFERS: char = '\u{2}';
+const ASYNC: char = '\u{3}';
 
 const OPTS: &[OptDef] = &[
     opt('d', "ib-dev", true),
@@ -168,6 +173,7 @@ const OPTS: &[OptDef] = &[
     opt(RAW, "raw", false),
     opt(EX, "ex", false),
     opt(RECV_BUFFERS, "recv-buffers", false),
+    opt(ASYNC, "async", false),
     opt('F', "CPU-freq", false),
     opt('h', "help", false),
 ];
@@ -193,6 +199,7 @@ Options (both ends must be given the same TEST and options):
   -I, --inline_size=N       send/write sizes up to N go inline (default 0)
   -q, --qp=N                number of QPs, round robin (bw, default 1)
   -e, --events              sleep on CQ events instead of busy polling
+      --async               sleep on CQ events through tokio (AsyncCq)
   -A, --atomic_type=TYPE    CMP_AND_SWAP or FETCH_AND_ADD (default FETCH_AND_ADD)
   -r, --rx-depth=N          receives kept posted (send tests, default 512, at most iters)
       --raw                 the raw path: sys structs, post_send_raw/post_recv_raw
@@ -243,6 +250,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         rx_depth: 512,
         path: PathKind::Safe,
         recv_buffers: false,
+        async_wait: false,
     };
     let mut size = None;
     let mut tx_given = false;
@@ -294,6 +302,10 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
                 o.path = want;
             }
             RECV_BUFFERS => o.recv_buffers = true,
+            ASYNC => {
+                o.async_wait = true;
+                o.events = true;
+            }
             'F' => {}
             'h' => return Err(String::new()),
             _ => return Err(format!("option -{c} is not handled")),
@@ -318,7 +330,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
     }
     if test == Test::WriteLat && o.events {
         return Err(
-            "-e is not supported for write_lat: it detects arrivals by polling memory".into(),
+            "-e and --async are not supported for write_lat: it detects arrivals by polling memory".into(),
         );
     }
     if !tx_given && !lat && o.post_list > o.tx_depth {

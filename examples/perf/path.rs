@@ -3,10 +3,9 @@
 //! differ only in what is behind this trait.
 
 use rdma_verbs::qp::RemoteAddr;
-use rdma_verbs::{CompletionQueue, WorkCompletion};
 
 use crate::opts::{AtomicType, Opts, Test, Verb};
-use crate::pingpong::{OrFail, Res};
+use crate::pingpong::Res;
 
 /// Memory for sources and receives is capped at this many bytes per QP
 /// each (a deep queue of 8 MiB messages would not fit the VM otherwise).
@@ -119,18 +118,6 @@ impl Progress {
         self.polls = 0;
         self.empty_polls = 0;
     }
-}
-
-/// One `ibv_poll_cq` into `wcs`, counted in `p` (and as empty when it
-/// found nothing); returns how many completions are now in `wcs`.
-#[inline]
-pub fn poll_cq(cq: &CompletionQueue, wcs: &mut [WorkCompletion], p: &mut Progress) -> Res<usize> {
-    p.polls += 1;
-    let n = cq.poll(wcs).or_fail("poll CQ failed")?.len();
-    if n == 0 {
-        p.empty_polls += 1;
-    }
-    Ok(n)
 }
 
 /// The operation of a test, as the posting code needs it.

@@ -14,7 +14,7 @@ use std::ptr;
 use rdma_verbs::sys;
 use rdma_verbs::{AccessFlags, MemoryRegion, WorkCompletion};
 
-use crate::path::{poll_cq, DataPath, Op, Plan, Progress, POLL_BATCH, RECV_CHAIN};
+use crate::path::{DataPath, Op, Plan, Progress, POLL_BATCH, RECV_CHAIN};
 use crate::pingpong::{OrFail, Res};
 use crate::safe::wc_error;
 use crate::setup::Conn;
@@ -334,7 +334,7 @@ impl DataPath for RawPath {
     }
 
     fn poll(&mut self, p: &mut Progress) -> Res<usize> {
-        let n = poll_cq(&self.conn.cq, &mut self.wcs, p)?;
+        let n = self.conn.poll(&mut self.wcs, p)?;
         if n > 0 {
             self.completions(n, p)?;
         }

@@ -83,7 +83,14 @@ pub fn header(o: &Opts, c: &Conn) {
         if o.inline_size == 0 { 0 } else { c.max_inline }
     );
     println!(" Data ex. method : Ethernet");
-    println!(" Events          : {}", if o.events { "ON" } else { "OFF" });
+    println!(
+        " Events          : {}",
+        match (o.events, o.async_wait) {
+            (_, true) => "ON (tokio)",
+            (true, false) => "ON",
+            (false, false) => "OFF",
+        }
+    );
     println!(" rdma-verbs path : {}", o.path.name());
     println!("{DASHES}");
     let rdma = o.test.verb() != Verb::Send;

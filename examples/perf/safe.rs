@@ -16,7 +16,7 @@ use rdma_verbs::qp::{RecvBuffers, RecvWr, RequestKind, SendOp, SendTemplate, Sen
 use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WorkCompletion};
 
 use crate::opts::Test;
-use crate::path::{poll_cq, DataPath, Op, Plan, Progress, POLL_BATCH};
+use crate::path::{DataPath, Op, Plan, Progress, POLL_BATCH};
 use crate::pingpong::{OrFail, Res};
 use crate::setup::Conn;
 
@@ -407,7 +407,7 @@ impl<S: Submit> DataPath for SafePath<S> {
     }
 
     fn poll(&mut self, p: &mut Progress) -> Res<usize> {
-        let n = poll_cq(&self.conn.cq, &mut self.wcs, p)?;
+        let n = self.conn.poll(&mut self.wcs, p)?;
         if n > 0 {
             self.completions(n, p)?;
         }

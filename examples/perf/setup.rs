@@ -18,10 +18,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr, RemoteBuf, SendOpsFlags};
 use rdma_verbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, LinkLayer, MemoryRegion,
-    ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
+    ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion,
 };
+use rdma_verbs::tokio::AsyncCq;
 
 use crate::opts::{AtomicType, Opts, PathKind, Verb};
+use crate::path::Progress;
 use crate::pingpong::{open_device, OrFail, Res};
 use crate::wait;
 
@@ -31,6 +33,8 @@ pub struct Conn {
     pub qps: Vec<QueuePair>,
     pub cq: CompletionQueue,
     pub channel: Option<CompletionChannel>,
+    /// `--async`: the CQ's `AsyncCq` and the runtime its waits run on.
+    pub async_wait: Option<AsyncWait>,
     /// This end's region that the peer writes, reads or runs atomics on.
     pub target: MemoryRegion,
     /// The peer's region, per QP.
@@ -47,9 +51,41 @@ pub struct Conn {
     pub rd_atomic: u8,
 }
 
+/// `--async`: waits through tokio's reactor. A current-thread runtime
+/// whose `block_on` runs each wait: it sleeps in `epoll_wait` on the CQ's
+/// completion channel and wakes the wait's task, as a task of an async
+/// program is woken.
+pub struct AsyncWait {
+    pub cq: AsyncCq,
+    pub rt: tokio::runtime::Runtime,
+}
+
 impl Conn {
-    /// Blocks until the CQ has a completion event (`-e`), then re-arms it.
-    pub fn wait_event(&self) -> Res<()> {
+    /// One poll of the CQ into `wcs` (through the `AsyncCq` with
+    /// `--async`, which hands out first what its wait polled), counted in `p`.
+    #[inline]
+    pub fn poll(&mut self, wcs: &mut [WorkCompletion], p: &mut Progress) -> Res<usize> {
+        p.polls += 1;
+        let got = match &mut self.async_wait {
+            Some(a) => a.cq.try_poll(wcs),
+            None => self.cq.poll(wcs),
+        };
+        let n = got.or_fail("poll CQ failed")?.len();
+        if n == 0 {
+            p.empty_polls += 1;
+        }
+        Ok(n)
+    }
+
+    /// Blocks until the CQ has a completion event (`-e`), then re-arms it;
+    /// with `--async`, until the `AsyncCq` has a completion.
+    pub fn wait_event(&mut self) -> Res<()> {
+        if let Some(a) = &mut self.async_wait {
+            wait::arm_cq_event(wait::stall_limit());
+            let r = a.rt.block_on(a.cq.ready());
+            wait::disarm();
+            return r.or_fail("Failed to wait for a completion");
+        }
         let ch = self
             .channel
             .as_ref()
@@ -228,7 +264,7 @@ pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
         (None, _) => None,
     };
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-    let channel = if o.events {
+    let channel = if o.events && !o.async_wait {
         Some(CompletionChannel::new(&ctx).or_fail("Couldn't create completion channel")?)
     } else {
         None
@@ -236,9 +272,23 @@ pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
     let rx = rx_depth(o);
     let cqe = o.qps * (o.tx_depth + rx) + 16;
     let cqe = u32::try_from(cqe).map_err(|_| "CQ too large")?;
-    let cq = match &channel {
-        Some(ch) => ctx.create_cq_with_channel(cqe, ch, 0),
-        None => ctx.create_cq(cqe),
+    let async_wait = if o.async_wait {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(|e| format!("Couldn't start a tokio runtime: {e}"))?;
+        let cq = {
+            let _in = rt.enter();
+            AsyncCq::new(&ctx, cqe).or_fail("Couldn't create the async CQ")?
+        };
+        Some(AsyncWait { cq, rt })
+    } else {
+        None
+    };
+    let cq = match (&async_wait, &channel) {
+        (Some(a), _) => Ok(a.cq.cq().clone()),
+        (None, Some(ch)) => ctx.create_cq_with_channel(cqe, ch, 0),
+        (None, None) => ctx.create_cq(cqe),
     }
     .or_fail("Couldn't create CQ")?;
     if channel.is_some() {
@@ -360,6 +410,7 @@ pub fn connect(o: &Opts, ctrl: &mut Ctrl) -> Res<Conn> {
         qps,
         cq,
         channel,
+        async_wait,
         target,
         remote,
         pd,

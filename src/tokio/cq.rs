@@ -266,27 +266,21 @@ impl Waiter {
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(super::io_error("epoll_wait", &e))),
                 Poll::Ready(Ok(mut guard)) => {
-                    // Read every pending event (non-blocking), then clear
-                    // the readiness: a later event makes it ready again.
-                    let mut read = 0u32;
-                    let mut failed = None;
-                    loop {
-                        match guard.get_inner().read_event_unacked() {
-                            Ok(Some(_)) => read += 1,
-                            Ok(None) => {
-                                guard.clear_ready();
-                                break;
-                            }
-                            Err(e) => {
-                                failed = Some(e);
-                                break;
-                            }
-                        }
-                    }
+                    // One event is all a wait needs (it says: poll the CQ),
+                    // and the CQ fires one per arm. The readiness is cleared
+                    // after it: the next event makes the descriptor ready
+                    // again (epoll is edge-triggered under tokio), and an
+                    // event left queued (a `req_notify` of the caller's own)
+                    // is harmless: the kernel counts events for
+                    // `ibv_destroy_cq` as they are read, and frees unread
+                    // ones with the CQ.
+                    let read = guard.get_inner().read_event_unacked();
+                    guard.clear_ready();
                     drop(guard);
-                    self.events_read(read);
-                    if let Some(e) = failed {
-                        return Poll::Ready(Err(e));
+                    match read {
+                        Ok(Some(_)) => self.events_read(1),
+                        Ok(None) => {}
+                        Err(e) => return Poll::Ready(Err(e)),
                     }
                 }
             }
@@ -297,9 +291,6 @@ impl Waiter {
     /// events are acknowledged once [`ACK_BATCH`] have gathered.
     #[inline]
     fn events_read(&mut self, read: u32) {
-        if read == 0 {
-            return;
-        }
         self.armed = false;
         self.unacked += read;
         if self.unacked >= ACK_BATCH {
