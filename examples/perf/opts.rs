@@ -330,7 +330,8 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
     }
     if test == Test::WriteLat && o.events {
         return Err(
-            "-e and --async are not supported for write_lat: it detects arrivals by polling memory".into(),
+            "-e and --async are not supported for write_lat: it detects arrivals by polling memory"
+                .into(),
         );
     }
     if !tx_given && !lat && o.post_list > o.tx_depth {

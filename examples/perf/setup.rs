@@ -16,11 +16,11 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RemoteAddr, RemoteBuf, SendOpsFlags};
+use rdma_verbs::tokio::AsyncCq;
 use rdma_verbs::{
     AccessFlags, CompletionChannel, CompletionQueue, Context, LinkLayer, MemoryRegion,
     ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion,
 };
-use rdma_verbs::tokio::AsyncCq;
 
 use crate::opts::{AtomicType, Opts, PathKind, Verb};
 use crate::path::Progress;

@@ -275,6 +275,9 @@ impl Drop for QpCompletions {
 /// The routing task: waits on the CQ as an [`AsyncCq`], dispatches every
 /// completion to its QP's queue, and ends when the last handle is dropped.
 async fn drive(mut acq: AsyncCq, shared: Arc<Shared>) {
+    // If the task is dropped without finishing (its runtime shut down),
+    // the waiters are told so rather than left waiting for it.
+    let _gone = Gone(Arc::clone(&shared));
     let mut wcs = [WorkCompletion::default(); DRIVE_BATCH];
     loop {
         let polled = {
@@ -294,18 +297,31 @@ async fn drive(mut acq: AsyncCq, shared: Arc<Shared>) {
             None => return,
             Some(Ok(got)) => got.len(),
             Some(Err(e)) => {
-                let mut routes = shared.routes();
-                routes.failed = Some(match e {
+                // `_gone` wakes the waiters with it.
+                shared.routes().failed = Some(match e {
                     Error::Verb { verb, errno } => (verb, errno),
                     _ => ("ibv_poll_cq", libc::EIO),
                 });
-                for route in routes.queues.values() {
-                    route.notify.notify_one();
-                }
                 return;
             }
         };
         dispatch(&shared, &wcs[..n]);
+    }
+}
+
+/// Ends the routing: every waiter from now on gets an error (the driver's
+/// own, or `ECANCELED` when the task was dropped by its runtime).
+struct Gone(Arc<Shared>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let mut routes = self.0.routes();
+        if routes.failed.is_none() {
+            routes.failed = Some(("SharedCq (its routing task ended)", libc::ECANCELED));
+        }
+        for route in routes.queues.values() {
+            route.notify.notify_one();
+        }
     }
 }
 

@@ -27,6 +27,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "misuse::empty_buffers_and_unregistered_qps",
         empty_and_unrouted,
     ),
+    (
+        "misuse::waits_after_their_runtime_shut_down_fail_typed",
+        runtime_gone,
+    ),
 ];
 
 fn outside_runtime(env: &Env) -> Result<(), Failed> {
@@ -137,6 +141,30 @@ fn empty_and_unrouted(env: &Env) -> Result<(), Failed> {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         ensure!(shared.unrouted() == 1, "{} unrouted", shared.unrouted());
+        Ok(())
+    })
+}
+
+fn runtime_gone(env: &Env) -> Result<(), Failed> {
+    // Made on one runtime, which is then shut down: its reactor and the
+    // SharedCq's routing task are gone.
+    let first = crate::runtime()?;
+    let (mut cq, shared, mut routed, _qp) = first.block_on(async {
+        let cq = AsyncCq::new(&env.ctx, 16)?;
+        let shared = SharedCq::new(&env.ctx, 16)?;
+        let pd = env.ctx.alloc_pd()?;
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Rc, shared.cq(), shared.cq()))?;
+        let routed = shared.register(&qp)?;
+        Ok::<_, Failed>((cq, shared, routed, qp))
+    })?;
+    drop(first);
+    crate::run_for(crate::limit(), async {
+        let mut wcs = [WorkCompletion::default(); 4];
+        let e = routed.poll(&mut wcs).await.unwrap_err();
+        ensure!(e.errno() == Some(libc::ECANCELED), "routed wait: {e:?}");
+        let e = cq.poll(&mut wcs).await.unwrap_err();
+        ensure!(matches!(e, Error::Verb { .. }), "AsyncCq wait: {e:?}");
+        drop(shared);
         Ok(())
     })
 }
