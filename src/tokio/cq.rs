@@ -340,7 +340,7 @@ impl Waiter {
 impl futures_core::Stream for AsyncCq {
     type Item = Result<WorkCompletion>;
 
-    /// The next completion, polling [`STREAM_BATCH`] at a time into a
+    /// The next completion, polling 16 at a time into a
     /// buffer inside the `AsyncCq` (so that dropping a `next()` future, or
     /// switching between the stream and [`poll`](AsyncCq::poll), loses
     /// none). The stream never ends; an error is yielded as an item.

@@ -45,7 +45,7 @@
 //! # Runtime
 //!
 //! Constructors register a descriptor with the tokio runtime they are
-//! called in, and fail with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+//! called in, and fail with [`crate::Error::InvalidArgument`]
 //! outside one. The runtime must have its I/O driver enabled
 //! (`enable_io`/`enable_all`), as for any tokio socket. The types are
 //! `Send`, so tasks on a multi-threaded runtime may own them.
