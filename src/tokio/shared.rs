@@ -135,7 +135,9 @@ impl SharedCq {
             handles: AtomicUsize::new(1),
             closed: Notify::new(),
         });
-        ::tokio::spawn(drive(acq, Arc::clone(&shared)));
+        // The guard is moved into the task's future, so it runs even if
+        // the task is dropped before its first poll.
+        ::tokio::spawn(drive(acq, Gone(Arc::clone(&shared))));
         Ok(SharedCq { shared })
     }
 
@@ -274,10 +276,11 @@ impl Drop for QpCompletions {
 
 /// The routing task: waits on the CQ as an [`AsyncCq`], dispatches every
 /// completion to its QP's queue, and ends when the last handle is dropped.
-async fn drive(mut acq: AsyncCq, shared: Arc<Shared>) {
-    // If the task is dropped without finishing (its runtime shut down),
-    // the waiters are told so rather than left waiting for it.
-    let _gone = Gone(Arc::clone(&shared));
+///
+/// `gone` tells the waiters when the task ends, also when it is dropped
+/// without finishing (its runtime shut down), even before its first poll.
+async fn drive(mut acq: AsyncCq, gone: Gone) {
+    let shared = &gone.0;
     let mut wcs = [WorkCompletion::default(); DRIVE_BATCH];
     loop {
         let polled = {
@@ -297,7 +300,7 @@ async fn drive(mut acq: AsyncCq, shared: Arc<Shared>) {
             None => return,
             Some(Ok(got)) => got.len(),
             Some(Err(e)) => {
-                // `_gone` wakes the waiters with it.
+                // `gone` wakes the waiters with it.
                 shared.routes().failed = Some(match e {
                     Error::Verb { verb, errno } => (verb, errno),
                     _ => ("ibv_poll_cq", libc::EIO),
@@ -305,7 +308,7 @@ async fn drive(mut acq: AsyncCq, shared: Arc<Shared>) {
                 return;
             }
         };
-        dispatch(&shared, &wcs[..n]);
+        dispatch(shared, &wcs[..n]);
     }
 }
 

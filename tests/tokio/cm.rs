@@ -24,6 +24,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
         dropped_waits,
     ),
     ("cm::an_id_of_another_channel_is_refused", other_channel),
+    ("cm::event_streams_yield_request_and_rejection", streams),
 ];
 
 const T: Duration = Duration::from_secs(2);
@@ -207,6 +208,45 @@ fn other_channel(env: &Env) -> Result<(), Failed> {
         ensure!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
         let e = b.next_event_for(&id).await.unwrap_err();
         ensure!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        Ok(())
+    })
+}
+
+/// The `events()` streams of two channels: the server's yields the
+/// request, which is rejected by dropping it untaken; the client's
+/// yields `REJECTED`.
+fn streams(env: &Env) -> Result<(), Failed> {
+    use futures_core::Stream;
+    async fn next(
+        s: &mut rdma_verbs::tokio::CmEvents<'_>,
+    ) -> Result<rdma_verbs::cm::CmEvent, Failed> {
+        let item = std::future::poll_fn(|cx| std::pin::Pin::new(&mut *s).poll_next(cx)).await;
+        Ok(item.ok_or("the stream ended")??)
+    }
+    crate::run_for(crate::limit(), async {
+        let sch = AsyncCmChannel::new()?;
+        let (_listener, addr) = listen(env, &sch).await?;
+        let cch = AsyncCmChannel::new()?;
+        let id = cch.create_id(PortSpace::Tcp)?;
+        id.resolve_addr(None, addr, T)?;
+        let mut cs = cch.events();
+        ensure!(
+            next(&mut cs).await?.kind() == CmEventKind::AddrResolved,
+            "addr"
+        );
+        id.resolve_route(T)?;
+        ensure!(
+            next(&mut cs).await?.kind() == CmEventKind::RouteResolved,
+            "route"
+        );
+        let (_qp, _cq) = qp_on(&id)?;
+        id.connect(&ConnParam::new())?;
+        let mut ss = sch.events();
+        let req = next(&mut ss).await?;
+        ensure!(req.kind() == CmEventKind::ConnectRequest, "{}", req.kind());
+        drop(req); // untaken: rejected
+        let ev = next(&mut cs).await?;
+        ensure!(ev.kind() == CmEventKind::Rejected, "{}", ev.kind());
         Ok(())
     })
 }

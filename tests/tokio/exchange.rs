@@ -18,6 +18,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
         one_cq,
     ),
     ("exchange::qps_64_on_64_cqs_1000_messages_each", own_cqs),
+    ("exchange::busy_poll_4_pairs_200_messages_each", busy_poll),
 ];
 
 const PAIRS: usize = 64;
@@ -97,6 +98,29 @@ fn own_cqs(env: &Env) -> Result<(), Failed> {
     })
 }
 
+/// The adaptive busy-poll mode (spin up to 50 us before arming) on both
+/// ends of 4 pairs: the same checks as the arming waits.
+fn busy_poll(env: &Env) -> Result<(), Failed> {
+    crate::run_for(crate::limit() * 2, async {
+        let pd = env.ctx.alloc_pd()?;
+        let mut tasks = Vec::new();
+        for k in 0..4 {
+            let (mut qa, mut qb) = (AsyncCq::new(&env.ctx, 16)?, AsyncCq::new(&env.ctx, 16)?);
+            qa.set_busy_poll(std::time::Duration::from_micros(50));
+            qb.set_busy_poll(std::time::Duration::from_micros(50));
+            let mut a =
+                pd.create_qp(&QpInitAttr::new(QpType::Rc, qa.cq(), qa.cq()).caps(caps()))?;
+            let mut b =
+                pd.create_qp(&QpInitAttr::new(QpType::Rc, qb.cq(), qb.cq()).caps(caps()))?;
+            connect(env, &mut a, &mut b, AccessFlags::empty())?;
+            let (ca, cb) = (chunks(&pd, 3)?, chunks(&pd, SERVER_RECVS)?);
+            tasks.push(tokio::spawn(ping_n(k, a, Waits::Own(qa), ca, 200)));
+            tasks.push(tokio::spawn(echo_n(k, b, Waits::Own(qb), cb, 200)));
+        }
+        join(tasks).await
+    })
+}
+
 fn chunks(pd: &rdma_verbs::ProtectionDomain, n: usize) -> Result<Vec<Chunk>, Failed> {
     Ok(pd.alloc_chunks(n, 64, AccessFlags::LOCAL_WRITE)?)
 }
@@ -117,7 +141,7 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<Result<String, String>>>) -> Re
         failures.len(),
         failures[0]
     );
-    eprintln!("tokio: {n} tasks, each QP {MESSAGES} messages in order, every chunk back");
+    eprintln!("tokio: {n} tasks, each QP's messages in order, every chunk back");
     Ok(())
 }
 
@@ -130,11 +154,16 @@ fn message(k: u32, i: u32) -> [u8; 8] {
 
 /// The pinging end: sends message `i`, waits for its echo (and its send's
 /// completion), checks it, repeats.
-async fn ping(
+async fn ping(k: u32, qp: QueuePair, waits: Waits, bufs: Vec<Chunk>) -> Result<String, String> {
+    ping_n(k, qp, waits, bufs, MESSAGES).await
+}
+
+async fn ping_n(
     k: u32,
     mut qp: QueuePair,
     mut waits: Waits,
     mut bufs: Vec<Chunk>,
+    messages: u32,
 ) -> Result<String, String> {
     let e = |what: &str, err: &dyn std::fmt::Display| format!("QP {k} (ping): {what}: {err}");
     let mut send = bufs.pop().ok_or("no send buffer")?;
@@ -146,7 +175,7 @@ async fn ping(
     )
     .map_err(|x| e("post_recv", &x))?;
     let mut wcs = [WorkCompletion::default(); 8];
-    for i in 0..MESSAGES {
+    for i in 0..messages {
         send.as_mut_slice()[..8].copy_from_slice(&message(k, i));
         qp.post_send([SendWr::new(u64::from(i), SendOp::Send).sge_len(send, 8)])
             .map_err(|x| e("post_send", &x))?;
@@ -195,17 +224,22 @@ async fn ping(
             qp.outstanding_recvs()
         ));
     }
-    Ok(format!("QP {k}: {MESSAGES} echoes"))
+    Ok(format!("QP {k}: {messages} echoes"))
 }
 
 /// The echoing end: each message received is checked for sequence and
 /// sent back from the same chunk, which is posted as a receive again once
 /// the send completes.
-async fn echo(
+async fn echo(k: u32, qp: QueuePair, waits: Waits, bufs: Vec<Chunk>) -> Result<String, String> {
+    echo_n(k, qp, waits, bufs, MESSAGES).await
+}
+
+async fn echo_n(
     k: u32,
     mut qp: QueuePair,
     mut waits: Waits,
     bufs: Vec<Chunk>,
+    messages: u32,
 ) -> Result<String, String> {
     let e = |what: &str, err: &dyn std::fmt::Display| format!("QP {k} (echo): {what}: {err}");
     let held = bufs.len();
@@ -217,7 +251,7 @@ async fn echo(
     .map_err(|x| e("post_recv", &x))?;
     let mut wcs = [WorkCompletion::default(); 8];
     let mut next = 0u32;
-    while next < MESSAGES || qp.outstanding_sends() > 0 {
+    while next < messages || qp.outstanding_sends() > 0 {
         for wc in waits
             .poll(&mut wcs)
             .await
@@ -260,5 +294,5 @@ async fn echo(
             qp.outstanding_recvs()
         ));
     }
-    Ok(format!("QP {k}: {MESSAGES} messages"))
+    Ok(format!("QP {k}: {messages} messages"))
 }
