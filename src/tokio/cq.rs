@@ -17,6 +17,9 @@ use crate::sys;
 /// have gathered (and when the [`AsyncCq`] is dropped).
 const ACK_BATCH: u32 = 64;
 
+/// The longest busy-poll [`AsyncCq::set_busy_poll`] takes.
+const MAX_SPIN: Duration = Duration::from_millis(10);
+
 /// Completions a stream reads per `ibv_poll_cq`.
 const STREAM_BATCH: usize = 16;
 
@@ -147,8 +150,20 @@ impl AsyncCq {
     /// spin that finds nothing halves the next one (down to none), and a
     /// sleep that ends within `limit` restores it, so an idle CQ soon stops
     /// costing a core and a busy one spins again.
-    pub fn set_busy_poll(&mut self, limit: Duration) {
+    ///
+    /// A limit above 10 ms is refused ([`Error::OutOfRange`](crate::Error::OutOfRange),
+    /// nothing changed): a spin that long stalls every other task of the
+    /// worker thread.
+    pub fn set_busy_poll(&mut self, limit: Duration) -> Result<()> {
+        if limit > MAX_SPIN {
+            return Err(crate::Error::OutOfRange {
+                what: "busy-poll limit (ns)",
+                value: u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX),
+                range: "0..=10000000",
+            });
+        }
         self.w.spin = Spin { limit, now: limit };
+        Ok(())
     }
 
     /// Waits until at least one completion is there and polls up to

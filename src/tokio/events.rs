@@ -64,9 +64,18 @@ impl AsyncEvents {
         if ::tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::invalid("ibv_get_async_event", super::NO_RUNTIME));
         }
-        super::set_nonblocking(ctx.as_raw_fd())?;
-        let fd = super::register(EventFd(ctx.clone()), "ibv_get_async_event")?;
-        Ok(AsyncEvents { fd })
+        let raw = ctx.as_raw_fd();
+        let was = super::set_nonblocking(raw)?;
+        match super::register(EventFd(ctx.clone()), "ibv_get_async_event") {
+            Ok(fd) => Ok(AsyncEvents { fd }),
+            Err(e) => {
+                // Refused: the descriptor is left as it was.
+                if !was {
+                    super::restore_blocking(raw);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Waits for the next event, reads and acknowledges it.

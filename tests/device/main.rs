@@ -26,6 +26,7 @@ mod recv_model;
 mod registration;
 mod remote;
 mod template_pins;
+mod wait;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
@@ -47,6 +48,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
+    tests.extend_from_slice(wait::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     common::run_needing("device", &tests, NEEDS)

@@ -106,8 +106,8 @@ fn busy_poll(env: &Env) -> Result<(), Failed> {
         let mut tasks = Vec::new();
         for k in 0..4 {
             let (mut qa, mut qb) = (AsyncCq::new(&env.ctx, 16)?, AsyncCq::new(&env.ctx, 16)?);
-            qa.set_busy_poll(std::time::Duration::from_micros(50));
-            qb.set_busy_poll(std::time::Duration::from_micros(50));
+            qa.set_busy_poll(std::time::Duration::from_micros(50))?;
+            qb.set_busy_poll(std::time::Duration::from_micros(50))?;
             let mut a =
                 pd.create_qp(&QpInitAttr::new(QpType::Rc, qa.cq(), qa.cq()).caps(caps()))?;
             let mut b =

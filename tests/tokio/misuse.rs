@@ -110,6 +110,10 @@ fn empty_and_unrouted(env: &Env) -> Result<(), Failed> {
             cq.poll(&mut []).await?.is_empty(),
             "an empty buffer got completions"
         );
+        let e = cq.set_busy_poll(Duration::from_secs(1)).unwrap_err();
+        ensure!(matches!(e, Error::OutOfRange { .. }), "a 1 s spin: {e:?}");
+        cq.set_busy_poll(Duration::from_millis(10))?;
+        cq.set_busy_poll(Duration::ZERO)?;
         let shared = SharedCq::new(&env.ctx, 64)?;
         let pd = env.ctx.alloc_pd()?;
         let attr = QpInitAttr::new(QpType::Rc, shared.cq(), shared.cq());
