@@ -34,35 +34,41 @@ pub const TESTS: &[(&str, TestFn)] = &[
 ];
 
 fn outside_runtime(env: &Env) -> Result<(), Failed> {
-    let before = std::fs::read_dir("/proc/self/fd")?.count();
-    let e = AsyncCq::new(&env.ctx, 16).unwrap_err();
-    ensure!(
-        matches!(e, Error::InvalidArgument { .. }),
-        "AsyncCq::new: {e:?}"
-    );
-    let e = SharedCq::new(&env.ctx, 16).unwrap_err();
-    ensure!(
-        matches!(e, Error::InvalidArgument { .. }),
-        "SharedCq::new: {e:?}"
-    );
-    let e = AsyncEvents::new(&env.ctx).unwrap_err();
-    ensure!(
-        matches!(e, Error::InvalidArgument { .. }),
-        "AsyncEvents::new: {e:?}"
-    );
-    #[cfg(feature = "cm")]
-    {
-        let e = rdma_verbs::tokio::AsyncCmChannel::new().unwrap_err();
+    // The other tests of this binary run in parallel and open and close
+    // descriptors meanwhile, so the refusals run 50 times: were each to
+    // leave a descriptor (a completion channel, the CM channel), the count
+    // would rise by 50 or more.
+    let fds = || std::fs::read_dir("/proc/self/fd").map(|d| d.count());
+    let before = fds()?;
+    for _ in 0..50 {
+        let e = AsyncCq::new(&env.ctx, 16).unwrap_err();
         ensure!(
             matches!(e, Error::InvalidArgument { .. }),
-            "AsyncCmChannel::new: {e:?}"
+            "AsyncCq::new: {e:?}"
         );
+        let e = SharedCq::new(&env.ctx, 16).unwrap_err();
+        ensure!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "SharedCq::new: {e:?}"
+        );
+        let e = AsyncEvents::new(&env.ctx).unwrap_err();
+        ensure!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "AsyncEvents::new: {e:?}"
+        );
+        #[cfg(feature = "cm")]
+        {
+            let e = rdma_verbs::tokio::AsyncCmChannel::new().unwrap_err();
+            ensure!(
+                matches!(e, Error::InvalidArgument { .. }),
+                "AsyncCmChannel::new: {e:?}"
+            );
+        }
     }
-    // Nothing was created: no completion channel (a descriptor) is left.
-    let after = std::fs::read_dir("/proc/self/fd")?.count();
+    let after = fds()?;
     ensure!(
-        after == before,
-        "{before} descriptors before, {after} after the refusals"
+        after < before + 25,
+        "{before} descriptors before, {after} after 50 rounds of refusals"
     );
     Ok(())
 }
