@@ -81,12 +81,7 @@ impl AsyncCmChannel {
     /// runtime (typed errors: no runtime; no RDMA device, `ENODEV`).
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<Self> {
-        if ::tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::invalid(
-                "rdma_create_event_channel",
-                super::NO_RUNTIME,
-            ));
-        }
+        super::in_runtime("rdma_create_event_channel")?;
         Self::from_channel(EventChannel::new()?)
     }
 

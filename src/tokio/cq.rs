@@ -107,12 +107,7 @@ impl AsyncCq {
     /// As [`new`](Self::new), on completion vector `comp_vector`.
     pub fn with_vector(ctx: &Context, cqe: u32, comp_vector: u32) -> Result<Self> {
         // Checked before anything is created.
-        if ::tokio::runtime::Handle::try_current().is_err() {
-            return Err(crate::Error::invalid(
-                "ibv_create_comp_channel",
-                super::NO_RUNTIME,
-            ));
-        }
+        super::in_runtime("ibv_create_comp_channel")?;
         let channel = CompletionChannel::new(ctx)?;
         channel.set_nonblocking(true)?;
         let cq = ctx.create_cq_with_channel(cqe, &channel, comp_vector)?;

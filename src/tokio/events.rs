@@ -61,9 +61,7 @@ impl AsyncEvents {
     /// Registers `ctx`'s async-event descriptor with the current tokio
     /// runtime (and makes it non-blocking).
     pub fn new(ctx: &Context) -> Result<Self> {
-        if ::tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::invalid("ibv_get_async_event", super::NO_RUNTIME));
-        }
+        super::in_runtime("ibv_get_async_event")?;
         let raw = ctx.as_raw_fd();
         let was = super::set_nonblocking(raw)?;
         match super::register(EventFd(ctx.clone()), "ibv_get_async_event") {

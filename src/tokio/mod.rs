@@ -85,9 +85,7 @@ unsafe impl OwnsFd for crate::CompletionChannel {}
 /// Registers `inner`'s descriptor with the current runtime's reactor for
 /// reading; a typed error outside a runtime or when the reactor refuses.
 fn register<T: OwnsFd>(inner: T, verb: &'static str) -> Result<AsyncFd<T>> {
-    if ::tokio::runtime::Handle::try_current().is_err() {
-        return Err(Error::invalid(verb, NO_RUNTIME));
-    }
+    in_runtime(verb)?;
     // SAFETY: `T: OwnsFd`: the descriptor is open, stays open and the same
     // while the `AsyncFd` owns `inner`, which is never swapped out.
     unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) }.map_err(|e| {
@@ -96,8 +94,17 @@ fn register<T: OwnsFd>(inner: T, verb: &'static str) -> Result<AsyncFd<T>> {
     })
 }
 
-/// Why a constructor refused to run outside a runtime.
-const NO_RUNTIME: &str = "not called from within a tokio runtime (AsyncFd needs its reactor)";
+/// Refuses (typed, on behalf of `verb`) to go on outside a tokio runtime:
+/// what constructors check before they create anything.
+fn in_runtime(verb: &'static str) -> Result<()> {
+    match ::tokio::runtime::Handle::try_current() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Error::invalid(
+            verb,
+            "not called from within a tokio runtime (AsyncFd needs its reactor)",
+        )),
+    }
+}
 
 /// An `io::Error` from the reactor as the crate's error.
 fn io_error(verb: &'static str, e: &std::io::Error) -> Error {
