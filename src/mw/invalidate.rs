@@ -91,7 +91,7 @@ impl crate::SharedReceiveQueue {
 /// of a QP (`connected`: RC or UC) on `ctx` reports it: `IBV_WC_WITH_INV`,
 /// or on rxe the kernel-numbered bit (see [`QueuePair::invalidated_rkey`]).
 #[inline(always)]
-fn peer_invalidated<C: crate::qp::Completion + ?Sized>(
+pub(crate) fn peer_invalidated<C: crate::qp::Completion + ?Sized>(
     ctx: &Context,
     wc: &C,
     connected: bool,

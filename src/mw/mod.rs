@@ -100,7 +100,9 @@ use crate::{error::Error, mr::AccessFlags, pd::ProtectionDomain, qp::QueuePair};
 use bind::not_in_leaked_batch;
 pub use bind::MwBind;
 pub(crate) use bind::{check_bind, check_qp, set_current_rkey};
-pub(crate) use invalidate::{check_invalidate, check_send_inv, invalidated_by_peer};
+pub(crate) use invalidate::{
+    check_invalidate, check_send_inv, invalidated_by_peer, peer_invalidated,
+};
 pub(crate) use loan::{restore, MwLoan};
 pub(crate) use window::MwInner;
 use window::{slot, MwState};

@@ -10,7 +10,8 @@ use std::mem::MaybeUninit;
 use super::completed::PostError;
 use super::entries::{Loan, SendLoan};
 use super::ledger::Ledger;
-use super::post::{fail, Pending};
+use super::post::fail;
+use super::queues::SendQueue;
 use super::request::MAX_SGE;
 use crate::error::{Error, Result};
 use crate::mr::Chunk;
@@ -202,7 +203,7 @@ impl<R: ChainLink, const RING: bool> Chain<'_, R, RING> {
             let tag = self.scratch.tag(self.n);
             let slot = self.ledger.slot_of(tag);
             if let Some(loan) = self.ledger.undo_last(tag) {
-                let (loan, mw) = Pending::resolve(self.side, slot, loan);
+                let (loan, mw) = SendQueue::resolve(self.side, slot, loan);
                 if let Some(mw) = mw {
                     mw.restore();
                 }

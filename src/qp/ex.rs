@@ -297,8 +297,8 @@ impl QueuePair {
         if let Some(e) = self.send_refusal(VERB) {
             return Err(e);
         }
-        let checks = self.pending().facts;
-        let p = self.pending_mut();
+        let checks = self.pending().send.facts;
+        let p = &mut self.pending_mut().send;
         p.batch = 0;
         p.batch_open = true;
         // SAFETY: a live extended QP; no batch is open on it (a live batch
@@ -395,7 +395,7 @@ impl WrBatch<'_> {
     /// How many requests the batch holds so far.
     #[inline]
     pub fn len(&self) -> usize {
-        self.qp.pending().batch
+        self.qp.pending().send.batch
     }
 
     /// Whether the batch holds no request yet.
@@ -425,7 +425,7 @@ impl WrBatch<'_> {
     /// Refuses a request when the send queue is full.
     #[inline]
     fn check_room(&self, verb: &'static str) -> Result<()> {
-        let ledger = &self.qp.pending().send;
+        let ledger = &self.qp.pending().send.ledger;
         if ledger.room() == 0 {
             return Err(send_queue_full(verb, 1, 0, ledger.len()));
         }
@@ -479,9 +479,9 @@ impl WrBatch<'_> {
         let (op, flags, wr_id) = (wr.op, wr.flags, wr.wr_id);
         let SendWr { data, ud: dest, .. } = wr;
         let loan = data.into_loan();
-        let p = self.qp.pending_mut();
+        let p = &mut self.qp.pending_mut().send;
         let inserted = match dest {
-            None => p.send.insert(wr_id, loan),
+            None => p.ledger.insert(wr_id, loan),
             Some((ah, _, _)) => p
                 .insert_side(wr_id, (loan, Some(ah), None))
                 .map_err(|l| l.0),
@@ -534,7 +534,7 @@ impl WrBatch<'_> {
                 (None, n) => sys::ibv_wr_set_sge_list(ex, n, sge.as_ptr()),
             }
         }
-        self.qp.pending_mut().batch += 1;
+        self.qp.pending_mut().send.batch += 1;
         Ok(())
     }
 
@@ -588,7 +588,7 @@ impl WrBatch<'_> {
             (*ex).wr_flags = bind.send_flags();
             sys::ibv_wr_bind_mw(ex, raw_mw, rkey, &info);
         }
-        self.qp.pending_mut().batch += 1;
+        self.qp.pending_mut().send.batch += 1;
         Ok(rkey)
     }
 
@@ -613,7 +613,7 @@ impl WrBatch<'_> {
             (*ex).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
             sys::ibv_wr_local_inv(ex, rkey);
         }
-        self.qp.pending_mut().batch += 1;
+        self.qp.pending_mut().send.batch += 1;
         Ok(())
     }
 
@@ -627,6 +627,7 @@ impl WrBatch<'_> {
         match self
             .qp
             .pending_mut()
+            .send
             .insert_side(wr_id, (Loan::Empty, None, Some(loan)))
         {
             Ok(tag) => Ok(tag),
@@ -650,7 +651,7 @@ impl WrBatch<'_> {
         let n = self.len();
         // SAFETY: the batch is open on this live extended QP; this ends it.
         let rc = unsafe { sys::ibv_wr_complete(self.ptr()) };
-        let p = self.qp.pending_mut();
+        let p = &mut self.qp.pending_mut().send;
         p.batch = 0;
         // The provider released its lock, whatever `rc` says.
         p.batch_open = false;
@@ -676,12 +677,12 @@ impl WrBatch<'_> {
         // SAFETY: the batch is open on this live extended QP; this ends it,
         // and the provider discards what the batch prepared.
         unsafe { sys::ibv_wr_abort(self.ptr()) };
-        let p = self.qp.pending_mut();
+        let p = &mut self.qp.pending_mut().send;
         p.batch_open = false;
         let mut undone = Vec::with_capacity(p.batch);
         // Newest first: the batch's requests are the ledger's newest.
         for _ in 0..std::mem::take(&mut p.batch) {
-            if let Some((wr_id, loan, mw_loan)) = p.undo_newest_send() {
+            if let Some((wr_id, loan, mw_loan)) = p.undo_newest() {
                 if let Some(l) = mw_loan {
                     l.restore();
                 }

@@ -29,6 +29,44 @@
 //!   [`QueuePair::bring_up_raw_packet`] (and `bring_up` on [`Qp<Ud>`](Qp)
 //!   and [`Qp<RawPacket>`](Qp)) take the connectionless transports to RTS
 //!   without a peer.
+//!
+//! # What a QP can do: every public method of [`QueuePair`]
+//!
+//! | concern | methods | file |
+//! |---|---|---|
+//! | create, close | [`new`](QueuePair::new) ([`ProtectionDomain::create_qp`]), [`close`](QueuePair::close), [`close_and_reclaim`](QueuePair::close_and_reclaim) | `qp/mod.rs`, `qp/reclaim.rs` |
+//! | facts | [`qp_num`](QueuePair::qp_num), [`qp_type`](QueuePair::qp_type), [`caps`](QueuePair::caps), [`pd`](QueuePair::pd), [`srq`](QueuePair::srq), [`send_ops`](QueuePair::send_ops), [`as_raw`](QueuePair::as_raw) | `qp/mod.rs`, `qp/ex.rs` |
+//! | state machine | [`state`](QueuePair::state), [`port`](QueuePair::port), [`modify`](QueuePair::modify), [`modify_unchecked`](QueuePair::modify_unchecked), [`resync`](QueuePair::resync), [`wait_sq_drained`](QueuePair::wait_sq_drained), [`query`](QueuePair::query), [`query_state`](QueuePair::query_state), [`reset`](QueuePair::reset) | `qp/modify.rs`, `qp/query.rs`, `qp/reclaim.rs` |
+//! | bring-up | [`local_endpoint`](QueuePair::local_endpoint), [`connect`](QueuePair::connect), [`bring_up_ud`](QueuePair::bring_up_ud), [`bring_up_raw_packet`](QueuePair::bring_up_raw_packet); typed: [`Qp`] | `qp/connect.rs`, `qp/bring_up.rs`, `qp/typed.rs` |
+//! | post | [`post_send`](QueuePair::post_send), [`post_recv`](QueuePair::post_recv), [`post_recv_one`](QueuePair::post_recv_one), [`post_template`](QueuePair::post_template), [`post_template_one`](QueuePair::post_template_one), [`send_template`](QueuePair::send_template), [`template_source_mut`](QueuePair::template_source_mut), [`start_batch`](QueuePair::start_batch); raw: [`post_send_raw`](QueuePair::post_send_raw), [`post_recv_raw`](QueuePair::post_recv_raw) | `qp/post.rs`, `qp/post/recv.rs`, `qp/template.rs`, `qp/ex.rs` |
+//! | get requests back | [`reclaim`](QueuePair::reclaim), [`reclaim_one`](QueuePair::reclaim_one), [`reclaim_chunks`](QueuePair::reclaim_chunks), [`take_released`](QueuePair::take_released), [`outstanding_sends`](QueuePair::outstanding_sends), [`outstanding_recvs`](QueuePair::outstanding_recvs), [`bookkeeping_bytes`](QueuePair::bookkeeping_bytes) | `qp/reclaim.rs`, `qp/post.rs` |
+//! | two threads | [`split`](QueuePair::split) ([`SendHalf`], [`RecvHalf`]), [`into_split`](QueuePair::into_split) ([`OwnedSendHalf`], [`OwnedRecvHalf`], [`OwnedSendHalf::reunite`]) | `qp/halves.rs`, `qp/split.rs` |
+//! | memory windows | [`bind_mw`](QueuePair::bind_mw), [`unbind_mw`](QueuePair::unbind_mw), [`invalidate_mw`](QueuePair::invalidate_mw), [`invalidated_rkey`](QueuePair::invalidated_rkey) | `mw/bind.rs`, `mw/invalidate.rs` |
+//!
+//! # Posting, and getting requests back
+//!
+//! | to post | it is the same as | except |
+//! |---|---|---|
+//! | [`post_send`](QueuePair::post_send) | (the plain send) | |
+//! | [`post_recv`](QueuePair::post_recv) | `post_send` | receives; a receive without a buffer takes an RDMA WRITE with immediate |
+//! | [`post_recv_one`](QueuePair::post_recv_one) | `post_recv` | one request, no iterator |
+//! | [`post_template`](QueuePair::post_template) | `post_send` | every request copies one checked [`SendTemplate`]: a `wr_id` and a flag per request |
+//! | [`post_template_one`](QueuePair::post_template_one) | `post_template` | one request |
+//! | [`WrBatch::post`] | `post_send` | through `ibv_wr_*` on a QP made with `send_ops`, handed over by [`WrBatch::complete`] |
+//! | [`RecvBuffers::post`] | `post_recv` | buffers the pool owns, one call for every free one |
+//! | [`SendHalf::post_send`], [`RecvHalf::post_recv`] | the `QueuePair` method | on one queue of a split QP, beside the other half |
+//! | [`SharedReceiveQueue::post_recv`](crate::SharedReceiveQueue::post_recv) | `post_recv` | to an SRQ, from any thread |
+//!
+//! | to get back | it is the same as | except |
+//! |---|---|---|
+//! | [`reclaim`](QueuePair::reclaim) | (the plain reclaim) | |
+//! | [`reclaim_one`](QueuePair::reclaim_one) | `reclaim` | returns the named request by value; earlier sends it ends go to `take_released` |
+//! | [`reclaim_chunks`](QueuePair::reclaim_chunks) | `reclaim` | only the chunks, into the caller's collection |
+//! | [`take_released`](QueuePair::take_released) | `reclaim` | what a RESET or a `reclaim_one` left, no completion needed |
+//! | [`reset`](QueuePair::reset), [`close_and_reclaim`](QueuePair::close_and_reclaim) | `take_released` | after moving to RESET, or destroying the QP: everything |
+//! | [`RecvBuffers::take`] | `reclaim_one` | a pool's buffer as a borrowed [`Received`], given back to the pool |
+//! | [`SendHalf::reclaim_one`], [`RecvHalf::reclaim_one`], ... | the `QueuePair` method | only the half's own queue's completions end anything |
+//! | [`SharedReceiveQueue::reclaim`](crate::SharedReceiveQueue::reclaim) | `reclaim` | the SRQ's receives, whichever QP took them |
 
 mod attr;
 mod bring_up;
@@ -38,15 +76,18 @@ mod completed;
 mod connect;
 mod entries;
 mod ex;
+mod halves;
 mod known;
 mod ledger;
 mod mask;
 mod modify;
 mod pin;
 mod post;
+mod queues;
 mod reclaim;
 mod recv_buffers;
 mod request;
+mod split;
 mod template;
 
 /// Pieces of the data path the SRQ shares.
@@ -72,12 +113,14 @@ pub use connect::{ConnectOptions, Endpoint};
 #[cfg(feature = "cm")]
 pub(crate) use ex::create_ex_with;
 pub use ex::{SendOpsFlags, WrBatch};
+pub use halves::{RecvHalf, SendHalf};
 pub(crate) use known::{Known, QpRegistry};
 pub use mask::QpAttrMask;
 pub(crate) use post::fail as post_error;
 pub use query::{QpAttributes, QpInitAttributes};
 pub use recv_buffers::{Received, RecvBuffers, Taken};
 pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
+pub use split::{OwnedRecvHalf, OwnedSendHalf, ReuniteError};
 pub use table::{transition_rule, TransitionRule};
 pub use template::SendTemplate;
 pub use typed::{
@@ -248,11 +291,12 @@ impl<'a> QpInitAttr<'a> {
 struct QpKeep {
     /// The QP's entries in its PD's, CQs' and SRQ's user counts.
     _tallies: [Option<Tally>; 4],
-    pd: ProtectionDomain,
+    /// What both halves of the QP read: its handle, PD, SRQ, known state
+    /// and type.
+    common: halves::QpCommon,
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
-    srq: Option<SharedReceiveQueue>,
-    pending: post::Pending,
+    pending: queues::Pending,
     /// The QP's entry in its context's registry (for the event delivery);
     /// dropped only after the QP is destroyed.
     _registration: known::Registration,
@@ -272,13 +316,14 @@ pub struct QueuePair {
     inner: Owned<sys::ibv_qp, Box<QpKeep>>,
     qp_type: QpType,
     caps: QpCaps,
+    /// The known state: as of the last successful modify or resync, or
+    /// what an error completion or a fatal event proved since (shared
+    /// with the context's event delivery, the halves and, for a CM QP, its
+    /// id).
+    known: std::sync::Arc<Known>,
     /// A number no other QP of this process has had (addresses are
     /// reused): what a [`SendTemplate`] names its QP by.
     id: u64,
-    /// The known state: as of the last successful modify or resync, or
-    /// what an error completion or a fatal event proved since (shared
-    /// with the context's event delivery and, for a CM QP, with its id).
-    known: std::sync::Arc<Known>,
     /// The port set by the last modify that carried IBV_QP_PORT.
     port: Option<u8>,
     /// For a UD QP: the port the receive floor was last found for (0:
@@ -446,11 +491,16 @@ impl QueuePair {
                 (!one_cq).then(|| Tally::new(rcq.users(), kind, 1)),
                 attr.srq.map(|srq| Tally::new(srq.users(), kind, 1)),
             ],
-            pd: pd.clone(),
+            common: halves::QpCommon::new(
+                raw,
+                pd.clone(),
+                attr.srq.cloned(),
+                std::sync::Arc::clone(&known),
+                attr.qp_type,
+            ),
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),
-            srq: attr.srq.cloned(),
-            pending: post::Pending::new(
+            pending: queues::Pending::new(
                 &caps,
                 attr.qp_type,
                 pd.as_ptr(),
@@ -531,39 +581,27 @@ impl QueuePair {
     /// The protection domain the QP was created in.
     #[inline]
     pub fn pd(&self) -> &ProtectionDomain {
-        &self.inner.keep().pd
+        &self.inner.keep().common.pd
     }
 
     /// The shared receive queue the QP receives through, if any.
     #[inline]
     pub fn srq(&self) -> Option<&SharedReceiveQueue> {
-        self.inner.keep().srq.as_ref()
+        self.inner.keep().common.srq.as_ref()
     }
 
     #[inline]
-    pub(crate) fn uses_srq(&self) -> bool {
-        self.inner.keep().srq.is_some()
-    }
-
-    #[inline]
-    pub(crate) fn pending(&self) -> &post::Pending {
+    pub(crate) fn pending(&self) -> &queues::Pending {
         &self.inner.keep().pending
     }
 
     #[inline]
-    pub(crate) fn pending_mut(&mut self) -> &mut post::Pending {
+    pub(crate) fn pending_mut(&mut self) -> &mut queues::Pending {
         &mut self.inner.keep_mut().pending
     }
 
-    /// The PD and the bookkeeping at once (disjoint borrows).
-    #[inline]
-    pub(crate) fn pd_and_pending_mut(&mut self) -> (&ProtectionDomain, &mut post::Pending) {
-        let keep = self.inner.keep_mut();
-        (&keep.pd, &mut keep.pending)
-    }
-
     /// Destroys the QP and returns its outstanding requests' bookkeeping.
-    fn into_keep(self) -> Result<post::Pending> {
+    fn into_keep(self) -> Result<queues::Pending> {
         let keep = self.release_link().into_keep()?;
         Ok(keep.pending)
     }

@@ -4,23 +4,74 @@
 //! requests' ledger records hold nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use super::entries::Loan;
 use super::ledger::SendLedger;
-use super::post::Pending;
+use super::queues::SendQueue;
 use super::template::{RawWr, SendTemplate};
 use crate::mr::SharedChunk;
 use crate::sys;
 
 /// What a [`SendTemplate`] (with its clones) shares
 /// with the QP it posts on: whether a request from it may be outstanding
-/// there (`active`, kept by the QP), and the source's handle, which the
-/// template leaves here when it is dropped while `active` is set.
+/// there (`active`, kept by the QP), and the source's handle, which a
+/// template dropped while `active` is set leaves here (`left`), and which
+/// goes as soon as `active` is cleared, so that the family's other
+/// templates find their source writable again.
 #[derive(Debug, Default)]
 pub(crate) struct Keeper {
-    pub(super) handle: OnceLock<SharedChunk>,
+    handle: Mutex<Option<SharedChunk>>,
+    /// Set after a handle was left in `handle`: the QP looks at the lock
+    /// only then.
+    left: AtomicBool,
     pub(super) active: AtomicBool,
+}
+
+impl Keeper {
+    /// A template of the family is dropped: its handle stays here while a
+    /// request from the family may be outstanding.
+    ///
+    /// `leave` and [`deactivate`](Self::deactivate) each store their flag
+    /// then read the other's (sequentially consistent): if the QP's
+    /// deactivation does not see `left`, this sees `active` cleared, and
+    /// lets the handle go itself. Either way no handle stays once the QP
+    /// needs none.
+    pub(super) fn leave(&self, src: SharedChunk) {
+        if !self.active.load(Ordering::SeqCst) {
+            return;
+        }
+        *self.lock() = Some(src);
+        self.left.store(true, Ordering::SeqCst);
+        if !self.active.load(Ordering::SeqCst) {
+            self.let_go();
+        }
+    }
+
+    /// The QP: no request from the family is outstanding any more.
+    #[inline(always)]
+    pub(super) fn deactivate(&self) {
+        self.active.store(false, Ordering::SeqCst);
+        if self.left.load(Ordering::SeqCst) {
+            self.let_go();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn let_go(&self) {
+        let handle = {
+            let mut h = self.lock();
+            self.left.store(false, Ordering::SeqCst);
+            h.take()
+        };
+        drop(handle);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<SharedChunk>> {
+        // Only whole `Option`s are stored under it.
+        self.handle.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The QP's record of a template (family: the clones share `keeper`):
@@ -66,7 +117,7 @@ impl Pin {
     fn settle(&mut self, send: &SendLedger<Loan>, idle: bool) -> bool {
         if self.active && (idle || !send.outstanding(self.last)) {
             self.active = false;
-            self.keeper.active.store(false, Ordering::Release);
+            self.keeper.deactivate();
         }
         self.orphan()
     }
@@ -99,7 +150,7 @@ impl Pin {
     }
 }
 
-impl Pending {
+impl SendQueue {
     /// The index of the QP's pin of template `t` (its family: the
     /// template's keeper), made if there is none.
     #[inline(always)]
@@ -154,11 +205,11 @@ impl Pending {
     /// Whether a request posted from the template whose keeper is `keeper`
     /// may still be outstanding here.
     pub(super) fn pinned(&self, keeper: &Arc<Keeper>) -> bool {
-        self.send.len() > 0
+        self.ledger.len() > 0
             && self
                 .pins
                 .iter()
-                .any(|p| Arc::ptr_eq(&p.keeper, keeper) && self.send.outstanding(p.last))
+                .any(|p| Arc::ptr_eq(&p.keeper, keeper) && self.ledger.outstanding(p.last))
     }
 
     /// After a send completion: the pins whose requests all ended become
@@ -167,7 +218,7 @@ impl Pending {
     /// left), as a request's own handle would.
     #[inline(always)]
     pub(super) fn settle_pins(&mut self) {
-        let send = &self.send;
+        let send = &self.ledger;
         // An empty send queue (the common case of a round of requests
         // ended) holds none of any pin's.
         let idle = send.len() == 0;
@@ -184,7 +235,7 @@ impl Pending {
     /// [`settle_pins`](Self::settle_pins) for two templates or more.
     #[inline(never)]
     fn settle_many_pins(&mut self, idle: bool) {
-        let send = &self.send;
+        let send = &self.ledger;
         let mut orphans = false;
         for p in self.pins.iter_mut() {
             orphans |= p.settle(send, idle);
@@ -222,7 +273,7 @@ impl Pending {
     /// needed.
     pub(super) fn release_pins(&mut self) {
         for p in self.pins.drain(..) {
-            p.keeper.active.store(false, Ordering::Release);
+            p.keeper.deactivate();
         }
     }
 }

@@ -100,221 +100,26 @@
 
 use std::ffi::c_int;
 
-use super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack, CHAIN_ROOM};
-use super::check::{RecvFacts, SendFacts};
-use super::completed::{Completed, PostError};
+use super::chain::CHAIN_ROOM;
+use super::check::SendFacts;
+use super::completed::PostError;
 use super::entries::{Loan, SendLoan};
-use super::ledger::{Kind, Ledger, RecvLedger, Released, SendLedger};
-use super::pin::Pin;
-use super::recv_buffers::PoolPin;
+use super::ledger::SendLedger;
 
 mod recv;
 use super::request::{SendOp, SendWr};
-use super::{QpCaps, QpState, QpType, QueuePair};
+use super::{QpState, QueuePair};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
 pub(crate) use recv::post_recv_chain;
-pub(super) use recv::recv_queue_full;
-
-/// Outstanding requests of one QP, requests handed back by a RESET, the
-/// raw requests posts are filled into, and the facts the checks need.
-pub(crate) struct Pending {
-    pub(super) send: SendLedger<Loan>,
-    recv: RecvLedger<Loan>,
-    /// Per send slot: what a UD send or a memory-window request lends
-    /// beside its entries ([`Loan::Side`]). Empty until a QP first needs it
-    /// (UD QPs: at creation), then one entry per send slot.
-    pub(super) side: Vec<SendLoan>,
-    released: Vec<Completed>,
-    pub(super) sq: Scratch<sys::ibv_send_wr>,
-    rq: Scratch<sys::ibv_recv_wr>,
-    pub(super) facts: SendFacts,
-    recv_facts: RecvFacts,
-    /// How many requests the open `ibv_wr_*` batch holds (the newest in
-    /// the send ledger).
-    pub(super) batch: usize,
-    /// Between `ibv_wr_start` and `ibv_wr_complete`/`ibv_wr_abort`: the
-    /// provider holds the send queue's lock. Still set when no batch is
-    /// alive means the `WrBatch` was leaked (`mem::forget`): the lock is
-    /// held for good, so nothing may take it again.
-    pub(crate) batch_open: bool,
-    /// The QP's record of each [`SendTemplate`](super::SendTemplate) it
-    /// posted from, which keeps the source alive while a request from it
-    /// may be outstanding (see [`Pin`]), so that those requests' ledger
-    /// records hold nothing ([`Loan::Empty`], inert).
-    pub(super) pins: Vec<Pin>,
-    /// The QP's record of each [`RecvBuffers`](super::RecvBuffers) pool
-    /// posted to its receive queue, which keeps the pool's region, once the
-    /// pool is dropped, while a buffer of it may be posted (see
-    /// [`PoolPin`]), so that those requests' ledger records hold nothing
-    /// ([`Loan::Pooled`], inert).
-    pub(super) pools: Vec<PoolPin>,
-}
+pub(super) use recv::{recv_queue_full, tags_exhausted};
 
 /// How many requests of a queue of `max_wr` requests a chain of up to
 /// [`CHAIN_ROOM`] holds at most (the room a staging vector is made with).
 pub(crate) fn chain_room(max_wr: u32) -> usize {
     (max_wr as usize).clamp(1, CHAIN_ROOM)
-}
-
-impl Pending {
-    /// The bookkeeping of a QP with `caps` (as created) in `pd`. Posts
-    /// build their raw requests on the stack (up to [`CHAIN_ROOM`]), so
-    /// nothing is allocated for them here.
-    pub(crate) fn new(caps: &QpCaps, qp_type: QpType, pd: *mut sys::ibv_pd, atomics: bool) -> Self {
-        let send = Ledger::new(Kind::Send, caps.max_send_wr as usize);
-        let mut side = Vec::new();
-        if qp_type == QpType::Ud {
-            side.resize_with(send.slot_count(), SendLoan::default);
-        }
-        Pending {
-            send,
-            recv: Ledger::new(Kind::Recv, caps.max_recv_wr as usize),
-            side,
-            released: Vec::new(),
-            sq: Scratch::new(),
-            rq: Scratch::new(),
-            facts: SendFacts::new(
-                qp_type,
-                pd,
-                caps.max_send_sge,
-                caps.max_inline_data,
-                atomics,
-            ),
-            recv_facts: RecvFacts {
-                pd,
-                max_sge: caps.max_recv_sge,
-                floor: 0,
-            },
-            batch: 0,
-            batch_open: false,
-            pins: Vec::new(),
-            pools: Vec::new(),
-        }
-    }
-
-    /// Records a send request that lends `loan` beside its entries, in the
-    /// side table; its tag, or the loan back.
-    pub(super) fn insert_side(&mut self, wr_id: u64, loan: SendLoan) -> Result<u64, SendLoan> {
-        lend_side(&mut self.send, &mut self.side, wr_id, loan)
-    }
-
-    /// What a released send lent: its side entry for [`Loan::Side`].
-    #[inline]
-    pub(super) fn resolve(
-        side: &mut [SendLoan],
-        slot: usize,
-        loan: Loan,
-    ) -> (Loan, Option<crate::mw::MwLoan>) {
-        match loan {
-            Loan::Side => {
-                let (loan, _ah, mw) = std::mem::take(&mut side[slot]);
-                (loan, mw)
-            }
-            loan => (loan, None),
-        }
-    }
-
-    /// The send ledger and the side table at once (disjoint borrows).
-    #[inline]
-    pub(super) fn send_and_side(&mut self) -> (&mut SendLedger<Loan>, &mut [SendLoan]) {
-        (&mut self.send, &mut self.side)
-    }
-
-    /// The receive ledger, to read.
-    pub(super) fn recv_ledger(&self) -> &RecvLedger<Loan> {
-        &self.recv
-    }
-
-    /// The receive ledger, to change.
-    #[inline]
-    pub(super) fn recv_mut(&mut self) -> &mut RecvLedger<Loan> {
-        &mut self.recv
-    }
-
-    /// Takes the receive `tag` names if it is outstanding (the one way a
-    /// completion takes a receive out of the ledger): a pool's buffer
-    /// also leaves its pool's pin.
-    #[inline(always)]
-    pub(super) fn take_recv(&mut self, tag: u64) -> Option<Released<Loan>> {
-        let r = self.recv.take_tag(tag);
-        if let Some(Released {
-            wr_id,
-            payload: Loan::Pooled,
-            ..
-        }) = &r
-        {
-            self.pool_ended(*wr_id);
-        }
-        r
-    }
-
-    /// The receive ledger and the facts a receive is checked against.
-    #[inline]
-    pub(super) fn recv_and_facts(&mut self) -> (&mut RecvLedger<Loan>, &mut RecvFacts) {
-        (&mut self.recv, &mut self.recv_facts)
-    }
-
-    /// Keeps requests a completion ended beside the one it named, for
-    /// [`QueuePair::take_released`].
-    #[cold]
-    pub(super) fn keep_released(&mut self, earlier: &mut Vec<Completed>) {
-        self.released.append(earlier);
-    }
-
-    /// What [`QueuePair::take_released`] hands back.
-    pub(super) fn take_released(&mut self) -> Vec<Completed> {
-        std::mem::take(&mut self.released)
-    }
-
-    /// Takes back the newest send (of an aborted batch); `None` when the
-    /// send queue holds none.
-    pub(super) fn undo_newest_send(&mut self) -> Option<(u64, Loan, Option<crate::mw::MwLoan>)> {
-        let r = self.send.pop_newest()?;
-        let (loan, mw) = Self::resolve(&mut self.side, r.slot, r.payload);
-        Some((r.wr_id, loan, mw))
-    }
-
-    /// After a RESET: the device has forgotten every request, so they all
-    /// go to `released`, oldest first, sends before receives.
-    pub(crate) fn release_all(&mut self) {
-        let Pending {
-            send,
-            recv,
-            side,
-            released,
-            ..
-        } = self;
-        send.drain(|r| {
-            // A window loan dropped here keeps what the window may reach.
-            let (loan, _mw) = Self::resolve(side, r.slot, r.payload);
-            released.push(Completed::new(r.wr_id, false, Kind::Send, loan));
-        });
-        recv.drain(|r| released.push(Completed::new(r.wr_id, false, Kind::Recv, r.payload)));
-        self.release_pins();
-        // No buffer of any pool is posted any more.
-        self.pools.clear();
-    }
-
-    /// Everything still held, for a destroyed QP: `released` first.
-    pub(crate) fn into_all(mut self) -> Vec<Completed> {
-        self.release_all();
-        std::mem::take(&mut self.released)
-    }
-
-    /// Bytes of bookkeeping per queue slot (ledger slots, side entries,
-    /// scratch), for the benchmark's report.
-    pub(crate) fn bytes(&self) -> usize {
-        self.send.bytes()
-            + self.recv.bytes()
-            + self.side.capacity() * std::mem::size_of::<SendLoan>()
-            + self.sq.bytes()
-            + self.rq.bytes()
-            + self.pins.capacity() * std::mem::size_of::<Pin>()
-            + self.pools.capacity() * std::mem::size_of::<PoolPin>()
-    }
 }
 
 pub(crate) fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostError {
@@ -352,7 +157,7 @@ pub(crate) fn leaked_batch(verb: &'static str) -> Error {
 
 /// Whether sends may be posted in `state` (RTS, SQD, SQE or ERR).
 #[inline]
-fn sends_in(state: QpState) -> bool {
+pub(super) fn sends_in(state: QpState) -> bool {
     matches!(
         state,
         QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err
@@ -365,16 +170,23 @@ impl QueuePair {
     /// holds the provider's send-queue lock.
     #[inline]
     pub(crate) fn send_refusal(&self, verb: &'static str) -> Option<Error> {
-        if self.pending().batch_open {
-            return Some(leaked_batch(verb));
+        let (open, state) = (self.pending().send.batch_open, self.state());
+        if open || !sends_in(state) {
+            return send_refusal(verb, open, state);
         }
-        send_state_error(verb, self.state())
+        None
     }
 }
 
-/// The refusal of a send in `state` (sends need RTS, SQD, SQE or ERR).
-#[inline]
-pub(super) fn send_state_error(verb: &'static str, state: QpState) -> Option<Error> {
+/// The refusal of a send because a leaked batch holds the provider's
+/// send-queue lock (`batch_open`), or in `state` (sends need RTS, SQD,
+/// SQE or ERR).
+#[cold]
+#[inline(never)]
+pub(super) fn send_refusal(verb: &'static str, batch_open: bool, state: QpState) -> Option<Error> {
+    if batch_open {
+        return Some(leaked_batch(verb));
+    }
     if sends_in(state) {
         return None;
     }
@@ -386,16 +198,6 @@ pub(super) fn send_state_error(verb: &'static str, state: QpState) -> Option<Err
 }
 
 impl QueuePair {
-    /// The refusal of a send call from the known state or a leaked batch,
-    /// read the way the post paths read it (a bool first).
-    #[inline]
-    pub(super) fn send_refusal_if_any(&self, verb: &'static str) -> Option<Error> {
-        if self.pending().batch_open || !sends_in(self.state()) {
-            return self.send_refusal(verb);
-        }
-        None
-    }
-
     /// Posts one request that lends no chunks (a memory-window bind or
     /// invalidation): records `loan` under a fresh tag in the send ledger,
     /// then `call(tag)` hands it to the provider. No room: refused with the
@@ -409,8 +211,8 @@ impl QueuePair {
         undo: impl FnOnce(SendLoan),
         call: impl FnOnce(u64) -> c_int,
     ) -> Result<(), PostError> {
-        let p = self.pending_mut();
-        let (room, held) = (p.send.room(), p.send.len());
+        let p = &mut self.pending_mut().send;
+        let (room, held) = (p.ledger.room(), p.ledger.len());
         let tag = match p.insert_side(wr_id, loan) {
             Ok(tag) => tag,
             Err(loan) => {
@@ -433,13 +235,13 @@ impl QueuePair {
     /// including those of a failed post that the provider may have queued.
     #[inline]
     pub fn outstanding_sends(&self) -> usize {
-        self.pending().send.len()
+        self.pending().send.ledger.len()
     }
 
     /// How many receive requests are outstanding.
     #[inline]
     pub fn outstanding_recvs(&self) -> usize {
-        self.pending().recv.len()
+        self.pending().recv.ledger.len()
     }
 
     /// Bytes of per-QP bookkeeping the safe data path keeps (ledger slots,
@@ -481,42 +283,7 @@ impl QueuePair {
     where
         I: IntoIterator<Item = SendWr<'a>>,
     {
-        const VERB: &str = "ibv_post_send";
-        if let Some(error) = self.send_refusal_if_any(VERB) {
-            return refuse_all(Some(error), wrs.into_iter(), |w, out| w.data.give_back(out));
-        }
-        let qp = self.as_ptr();
-        let (pd, p) = self.pd_and_pending_mut();
-        let ctx = pd.context();
-        let facts = p.facts;
-        let mut stack = Stack::new();
-        let chain = Chain {
-            ledger: &mut p.send,
-            side: &mut p.side,
-            scratch: Room::new(&mut stack, &mut p.sq),
-            n: 0,
-        };
-        post_chain(
-            VERB,
-            chain,
-            wrs.into_iter(),
-            |wr| facts.fast(wr),
-            |wr| check_send(&facts, ctx, qp, wr),
-            |wr, raw, sges| fill_send(wr, raw, sges),
-            |ledger, side, wr| lend_send(ledger, side, wr),
-            |wr, out| wr.data.give_back(out),
-            |n, room, held| send_queue_full(VERB, n, room, held),
-            |chain, bad| {
-                // `chain` is a NULL-terminated chain whose sg_lists point
-                // into the call's raw requests, both unchanged until the call
-                // returns; every entry names a chunk now held by the ledger
-                // (which keeps it until the device is provably done) or
-                // inline data borrowed for the call; UD entries name live
-                // address handles, kept in the side table too.
-                // SAFETY: a live QP and a valid chain over memory that outlives its use (above).
-                unsafe { sys::ibv_post_send(qp, chain, bad) }
-            },
-        )
+        self.send_half().post_send(wrs)
     }
 
     /// Posts a raw chain of send requests, bypassing the buffer ownership of
@@ -567,7 +334,7 @@ impl QueuePair {
 /// SEND_WITH_INV window check.
 #[cold]
 #[inline(never)]
-fn check_send(
+pub(super) fn check_send(
     facts: &SendFacts,
     ctx: &Context,
     qp: *mut sys::ibv_qp,
@@ -583,7 +350,7 @@ fn check_send(
 /// Fills the opcode, flags, entries and operation fields of `wr`'s raw
 /// form in place (its `wr_id` and links are set later).
 #[inline(always)]
-fn fill_send(wr: &SendWr<'_>, raw: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_sge]) {
+pub(super) fn fill_send(wr: &SendWr<'_>, raw: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_sge]) {
     raw.num_sge = wr.data.fill(sges) as c_int;
     raw.opcode = wr.op.opcode();
     raw.send_flags = wr.flags;
@@ -644,7 +411,7 @@ pub(super) fn fill_op(op: &SendOp, raw: &mut sys::ibv_send_wr) {
 /// Moves what a send lends into the ledger (a UD destination's handle to
 /// the side table); its tag, or its loan back.
 #[inline(always)]
-fn lend_send(
+pub(super) fn lend_send(
     ledger: &mut SendLedger<Loan>,
     side: &mut Vec<SendLoan>,
     wr: SendWr<'_>,
@@ -663,7 +430,7 @@ fn lend_send(
 /// the ledger, `loan` in the side table at its slot (the table made on
 /// first use); its tag, or the loan back.
 #[inline(never)]
-fn lend_side(
+pub(super) fn lend_side(
     ledger: &mut SendLedger<Loan>,
     side: &mut Vec<SendLoan>,
     wr_id: u64,

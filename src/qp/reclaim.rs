@@ -6,18 +6,18 @@
 use super::completed::{Completed, Completion};
 use super::entries::{Loan, SendLoan};
 use super::ledger::Kind;
-use super::post::Pending;
-use super::{QpState, QpType, QueuePair};
+use super::queues::{RecvQueue, SendQueue};
+use super::{QpState, QueuePair};
 use crate::error::Result;
 use crate::mr::Chunk;
 
-impl Pending {
+impl SendQueue {
     /// Ends what send completion `tag` ends (`ok`: it succeeded), oldest
     /// first: window loans settle, side entries are let go. `QUIET`: `on`
     /// needs only the loans that hold something (a completion that ends
     /// only empty ones may visit none of them).
     #[inline(always)]
-    pub(super) fn complete_send<const QUIET: bool>(
+    pub(super) fn complete<const QUIET: bool>(
         &mut self,
         tag: u64,
         ok: bool,
@@ -26,13 +26,13 @@ impl Pending {
         // The common quiet case (only inert payloads outstanding) first,
         // before any callback is built.
         let light = if QUIET {
-            self.send.complete_light(tag)
+            self.ledger.complete_light(tag)
         } else {
             None
         };
         let n = match light {
             Some(n) => n,
-            None => self.complete_send_each::<QUIET>(tag, ok, on),
+            None => self.complete_each::<QUIET>(tag, ok, on),
         };
         // The template sources no outstanding request (and no template)
         // needs any more go back now, as a request's own handle would.
@@ -42,17 +42,16 @@ impl Pending {
         n
     }
 
-    /// [`complete_send`](Self::complete_send)'s walk: `on` for each
-    /// request handed back (every one, or with `QUIET` those that lent
-    /// something).
+    /// [`complete`](Self::complete)'s walk: `on` for each request handed
+    /// back (every one, or with `QUIET` those that lent something).
     #[inline(always)]
-    fn complete_send_each<const QUIET: bool>(
+    fn complete_each<const QUIET: bool>(
         &mut self,
         tag: u64,
         ok: bool,
         on: &mut impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
-        let (send, side) = self.send_and_side();
+        let (send, side) = (&mut self.ledger, &mut self.side);
         let each = |r: super::ledger::Released<Loan>| {
             let loan = match r.payload {
                 Loan::Side => side_loan(side, r.slot, ok || !r.own),
@@ -66,17 +65,19 @@ impl Pending {
             send.complete(tag, each)
         }
     }
+}
 
+impl RecvQueue {
     /// Ends the receive completion `tag` names.
     #[inline(always)]
-    pub(super) fn complete_recv(
+    pub(super) fn complete(
         &mut self,
         tag: u64,
         on: &mut impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
         // A receive completion ends its own request only (free list): no
         // loop, one call of `on`.
-        match self.take_recv(tag) {
+        match self.take(tag) {
             Some(r) => {
                 on(r.wr_id, r.own, Kind::Recv, r.payload);
                 1
@@ -151,96 +152,7 @@ impl QueuePair {
     /// ```
     #[inline]
     pub fn reclaim_one<C: Completion + ?Sized>(&mut self, wc: &C) -> Option<Completed> {
-        let mut named = None;
-        let mut earlier = None::<Vec<Completed>>;
-        self.route::<C, false>(wc, |wr_id, own, kind, loan| {
-            let c = Completed::new(wr_id, own, kind, loan);
-            if own {
-                named = Some(c);
-            } else {
-                earlier.get_or_insert_with(Vec::new).push(c);
-            }
-        });
-        if let Some(mut e) = earlier {
-            self.pending_mut().keep_released(&mut e);
-        }
-        named
-    }
-
-    /// The one routing of a completion: by the tag's kind to this QP's
-    /// send or receive ledger or to its SRQ, `on(wr_id, own, kind, loan)`
-    /// for each request it ends, oldest first (`QUIET`: for each that
-    /// lent something, at least).
-    #[inline(always)]
-    pub(super) fn route<C: Completion + ?Sized, const QUIET: bool>(
-        &mut self,
-        wc: &C,
-        mut on: impl FnMut(u64, bool, Kind, Loan),
-    ) -> usize {
-        if wc.local_qp_num().is_some_and(|n| n != self.qp_num()) {
-            return 0;
-        }
-        let tag = wc.tag();
-        let kind = Kind::of(tag);
-        let ok = wc.succeeded();
-        let n = match kind {
-            Some(Kind::Send) => self.pending_mut().complete_send::<QUIET>(tag, ok, &mut on),
-            Some(Kind::Recv) => self.pending_mut().complete_recv(tag, &mut on),
-            Some(Kind::Srq) => self.srq().map_or(0, |srq| {
-                srq.reclaim_tag(tag, |c| on(c.wr_id, c.signaled, Kind::Srq, c.loan))
-            }),
-            None => 0,
-        };
-        if n > 0 {
-            if kind != Some(Kind::Send) {
-                self.recv_ended(wc, kind, ok);
-            } else if !ok && self.state() != QpState::Err {
-                self.device_failed(kind);
-            }
-        }
-        n
-    }
-
-    /// After a receive completion `wc` (of `kind`, `ok`: succeeded) ended
-    /// a request: a peer's SEND_WITH_INV invalidated a window, a failure
-    /// moved the QP.
-    #[inline(always)]
-    pub(super) fn recv_ended<C: Completion + ?Sized>(
-        &mut self,
-        wc: &C,
-        kind: Option<Kind>,
-        ok: bool,
-    ) {
-        if let Some(rkey) = self.invalidated_rkey(wc) {
-            crate::mw::invalidated_by_peer(self.pd().context(), rkey);
-        }
-        if !ok && self.state() != QpState::Err {
-            self.device_failed(kind);
-        }
-    }
-
-    /// A failed or flushed completion of one of this QP's requests was
-    /// reclaimed (`kind`: its queue): the device moved the QP, and the
-    /// known state follows.
-    ///
-    /// A flush happens only in ERR, and an error moves the QP to ERR,
-    /// except a send's on UD or UC, which the verbs move to SQE (rxe: ERR).
-    /// The request was outstanding, so the QP was not reset since it was
-    /// posted, and ERR has no way out but RESET: for the QP's own queues
-    /// ERR still holds. Receives of the QP's SRQ outlive a RESET of the QP,
-    /// so such a completion may be older than one; those and the UD/UC
-    /// sends ask the device.
-    #[cold]
-    #[inline(never)]
-    fn device_failed(&mut self, kind: Option<Kind>) {
-        match kind {
-            Some(Kind::Recv) => self.set_known(QpState::Err, None),
-            Some(Kind::Send) if self.qp_type() == QpType::Rc => self.set_known(QpState::Err, None),
-            // A failed query leaves the known state; `resync` reports it.
-            _ => {
-                let _ = self.resync();
-            }
-        }
+        self.reclaim_one_routed(wc)
     }
 
     /// Hands back the requests that completion `wc` ends, as
@@ -291,7 +203,7 @@ impl QueuePair {
     /// typed transition or [`reset`](Self::reset)) handed back and that were
     /// not taken yet; empty otherwise.
     pub fn take_released(&mut self) -> Vec<Completed> {
-        self.pending_mut().take_released()
+        self.inner.keep_mut().pending.send.take_released()
     }
 
     /// Destroys the QP now and hands back every request it still held

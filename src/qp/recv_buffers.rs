@@ -308,7 +308,7 @@ impl RecvBuffers {
         }
         let start = self.free.len() - n;
         let head = self.free[start] as usize;
-        let ledger = qp.pending_mut().recv_mut();
+        let ledger = &mut qp.pending_mut().recv.ledger;
         let wrs = self.raw.wrs.as_mut_ptr();
         let sges = self.raw.sges.as_mut_ptr();
         let mut prev: *mut sys::ibv_recv_wr = std::ptr::null_mut();
@@ -349,7 +349,7 @@ impl RecvBuffers {
         // Before the call: whatever the provider returns, the records stay
         // (in doubt, at worst), and the pin keeps the region for them once
         // the pool is gone.
-        qp.pending_mut().pool_posted(self.id, &self.cell);
+        qp.pending_mut().recv.pool_posted(self.id, &self.cell);
         self.free.truncate(start);
         let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
         // `head` starts a NULL-terminated chain of the `n` requests linked
@@ -375,7 +375,7 @@ impl RecvBuffers {
     #[cold]
     #[inline(never)]
     fn undo_post(&mut self, qp: &mut QueuePair, start: usize, k: usize, error: Error) -> PostError {
-        let ledger = qp.pending_mut().recv_mut();
+        let ledger = &mut qp.pending_mut().recv.ledger;
         for j in (start..k).rev() {
             let i = self.free[j] as usize;
             if let Some(Loan::Pooled) = ledger.undo_last(self.raw.wrs[i].wr_id) {
@@ -441,7 +441,7 @@ impl RecvBuffers {
         }
         let id = self.id;
         let p = qp.pending_mut();
-        let Some(wr_id) = p.recv_mut().take_if(tag, |load, wr_id| {
+        let Some(wr_id) = p.recv.ledger.take_if(tag, |load, wr_id| {
             matches!(load, Loan::Pooled) && (wr_id >> 32) as u32 == id
         }) else {
             return self.take_other(qp, wc);
@@ -449,7 +449,7 @@ impl RecvBuffers {
         // The pool lives (this is its call): its pin stays, for its next
         // post, and needs nothing.
         let ok = wc.is_success();
-        qp.recv_ended(wc, Some(Kind::Recv), ok);
+        qp.recv_half(false).after_ended(wc, Kind::Recv);
         // `keep`'s and `mine_or_other`'s work for a record known to be
         // the pool's, inline (going through them measured 11-18
         // instructions more per receive).
@@ -478,11 +478,11 @@ impl RecvBuffers {
     /// one of this pool's buffers (or ends nothing).
     #[inline(never)]
     fn take_other<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
-        let Some(r) = qp.pending_mut().take_recv(wc.wr_id()) else {
+        let Some(r) = qp.pending_mut().recv.take(wc.wr_id()) else {
             return Taken::Nothing;
         };
         let ok = wc.is_success();
-        qp.recv_ended(wc, Some(Kind::Recv), ok);
+        qp.recv_half(false).after_ended(wc, Kind::Recv);
         self.mine_or_other(r.wr_id, r.own, Kind::Recv, r.payload, wc, ok)
     }
 

@@ -6,7 +6,6 @@
 
 use std::cell::Cell;
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::chain::{post_chain, provider_failed, refuse_all, Chain, Room, Stack};
@@ -113,9 +112,7 @@ impl Drop for SendTemplate {
     /// template may be outstanding there (see `post::Pin`).
     fn drop(&mut self) {
         if let Some((src, _)) = self.src.take() {
-            if self.keeper.active.load(Ordering::Acquire) {
-                let _ = self.keeper.handle.set(src);
-            }
+            self.keeper.leave(src);
         }
     }
 }
@@ -146,7 +143,7 @@ impl QueuePair {
                 format!("a template is a send or an RDMA write, not {}", op.name()),
             ));
         }
-        let facts = self.pending().facts;
+        let facts = self.pending().send.facts;
         let mut wr = SendWr::new(0, op);
         if let Some((s, len)) = src {
             wr = wr.sge_shared(s, len);
@@ -195,15 +192,15 @@ impl QueuePair {
             return refuse_all(Some(e), reqs.into_iter(), |_, _| {});
         }
         let qp = self.as_ptr();
-        let p = self.pending_mut();
+        let p = &mut self.pending_mut().send;
         // The QP keeps the source while the requests may be outstanding.
         let pin = t.src.as_ref().map(|_| p.pin(t));
         let newest = Cell::new(0u64);
         let mut stack = Stack::new();
         let chain = Chain {
-            ledger: &mut p.send,
+            ledger: &mut p.ledger,
             side: &mut p.side,
-            scratch: Room::new(&mut stack, &mut p.sq),
+            scratch: Room::new(&mut stack, &mut p.scratch),
             n: 0,
         };
         let res = post_chain(
@@ -241,7 +238,7 @@ impl QueuePair {
         match res {
             Ok(()) => {
                 if let Some(i) = pin {
-                    let p = self.pending_mut();
+                    let p = &mut self.pending_mut().send;
                     match newest.get() {
                         0 => p.unpin_unused(i),
                         last => p.pin_posted(i, last),
@@ -282,12 +279,12 @@ impl QueuePair {
             return Err(refused_one(e));
         }
         let qp = self.as_ptr();
-        let p = self.pending_mut();
-        if p.send.room() == 0 {
-            let held = p.send.len();
+        let p = &mut self.pending_mut().send;
+        if p.ledger.room() == 0 {
+            let held = p.ledger.len();
             return Err(refused_one(super::post::send_queue_full(VERB, 1, 0, held)));
         }
-        let Some(tag) = p.send.insert_made(wr_id, || Loan::Empty) else {
+        let Some(tag) = p.ledger.insert_made(wr_id, || Loan::Empty) else {
             return Err(refused_one(Error::TagsExhausted { verb: VERB }));
         };
         // The ledger keeps the request from here on, whatever the provider
@@ -331,7 +328,7 @@ impl QueuePair {
         if t.qp != self.id() {
             return Some(Error::invalid(verb, "the template was made for another QP"));
         }
-        self.send_refusal_if_any(verb)
+        self.send_refusal(verb)
     }
 
     /// The pin after a refused or failed template post: a provider
@@ -341,7 +338,7 @@ impl QueuePair {
     #[inline(never)]
     fn template_post_failed(&mut self, pin: Option<usize>, newest: u64, e: PostError) -> PostError {
         if let Some(i) = pin {
-            let p = self.pending_mut();
+            let p = &mut self.pending_mut().send;
             if e.posted > 0 && newest != 0 {
                 p.pin_posted(i, newest);
             } else {
@@ -378,7 +375,7 @@ impl QueuePair {
         let Some((src, _)) = t.src.as_mut() else {
             return Err(Error::invalid(VERB, "the template has no source"));
         };
-        if self.pending().pinned(&t.keeper) {
+        if self.pending().send.pinned(&t.keeper) {
             return Err(Error::invalid(
                 VERB,
                 "a request posted from the template may still be outstanding \

@@ -34,7 +34,9 @@ const DRIVE_BATCH: usize = 32;
 /// completions for a QP number nobody has registered are dropped and
 /// counted ([`unrouted`](Self::unrouted)); their buffers stay with the QP,
 /// which hands them back at RESET or when closed, as for any request
-/// whose completion was not reclaimed.
+/// whose completion was not reclaimed. A [`QpCompletions`] dropped with
+/// completions queued (its task cancelled) leaves them for the next
+/// registration of its QP, which gets them first.
 ///
 /// ```no_run
 /// # async fn f() -> rdma_verbs::Result<()> {
@@ -88,6 +90,9 @@ struct Routes {
     queues: HashMap<u32, Route>,
     /// Completions for QP numbers nobody registered.
     unrouted: u64,
+    /// Completions a dropped `QpCompletions` had queued, by QP number, for
+    /// the next registration of that number.
+    left: HashMap<u32, VecDeque<WorkCompletion>>,
     /// The driver's failure (the verb and errno), reported to every waiter.
     failed: Option<(&'static str, i32)>,
 }
@@ -147,7 +152,8 @@ impl SharedCq {
         &self.shared.cq
     }
 
-    /// Routes `qp`'s completions (by its QP number) to the returned queue.
+    /// Routes `qp`'s completions (by its QP number) to the returned queue,
+    /// first those a dropped `QpCompletions` of the same QP number left.
     ///
     /// Fails with [`Error::InvalidArgument`] when the QP is not on this CQ
     /// (neither its send nor its receive CQ), and when its number is
@@ -169,10 +175,14 @@ impl SharedCq {
                     format!("QP {qp_num} is registered already"),
                 ));
             }
+            let wcs = routes
+                .left
+                .remove(&qp_num)
+                .unwrap_or_else(|| VecDeque::with_capacity(qp.queue_depths()));
             routes.queues.insert(
                 qp_num,
                 Route {
-                    wcs: VecDeque::with_capacity(qp.queue_depths()),
+                    wcs,
                     notify: Arc::clone(&notify),
                     touched: false,
                 },
@@ -185,10 +195,13 @@ impl SharedCq {
         })
     }
 
-    /// How many completions came for QP numbers nobody had registered
-    /// (and were dropped).
+    /// How many completions no live [`QpCompletions`] holds: those that
+    /// came for QP numbers nobody had registered (and were dropped), and
+    /// those a dropped `QpCompletions` left for its QP's next registration.
     pub fn unrouted(&self) -> u64 {
-        self.shared.routes().unrouted
+        let routes = self.shared.routes();
+        let left: usize = routes.left.values().map(VecDeque::len).sum();
+        routes.unrouted + left as u64
     }
 }
 
@@ -210,6 +223,12 @@ impl QpCompletions {
     /// The QP number whose completions this receives.
     pub fn qp_num(&self) -> u32 {
         self.qp_num
+    }
+
+    /// How many of the QP's completions have arrived and wait to be polled.
+    pub fn queued(&self) -> usize {
+        let routes = self.shared.routes();
+        routes.queues.get(&self.qp_num).map_or(0, |r| r.wcs.len())
     }
 
     /// Waits until the QP has at least one completion and moves up to
@@ -267,9 +286,15 @@ impl QpCompletions {
 
 impl Drop for QpCompletions {
     fn drop(&mut self) {
-        // Completions still queued are dropped with the route; their
-        // requests' buffers stay with the QP (handed back at RESET or close).
-        self.shared.routes().queues.remove(&self.qp_num);
+        // Completions still queued wait for the QP's next registration
+        // (until then, its requests' buffers stay with the QP).
+        let mut routes = self.shared.routes();
+        if let Some(route) = routes.queues.remove(&self.qp_num) {
+            if !route.wcs.is_empty() {
+                routes.left.insert(self.qp_num, route.wcs);
+            }
+        }
+        drop(routes);
         self.shared.release();
     }
 }

@@ -14,6 +14,7 @@ mod cm;
 mod cq_ex;
 mod data;
 mod gid;
+mod halves;
 mod hardening;
 mod mw;
 mod owned;
@@ -29,6 +30,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(owned::TESTS);
     tests.extend_from_slice(predict::TESTS);
+    tests.extend_from_slice(halves::TESTS);
     tests.extend_from_slice(hardening::TESTS);
     tests.extend_from_slice(wire::TESTS);
     #[cfg(feature = "cm")]

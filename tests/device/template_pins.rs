@@ -12,10 +12,53 @@ use rdma_verbs::{AccessFlags, QpType, SharedChunk};
 use crate::by_value::caps;
 use crate::common::{pair, poll_n, Env, TestFn};
 
-pub const TESTS: &[(&str, TestFn)] = &[(
-    "template_pins::each_template_posts_its_own_request_on_a_shared_qp",
-    own_requests,
-)];
+pub const TESTS: &[(&str, TestFn)] = &[
+    (
+        "template_pins::each_template_posts_its_own_request_on_a_shared_qp",
+        own_requests,
+    ),
+    (
+        "template_pins::clone_dropped_while_outstanding_leaves_the_source_writable",
+        clone_dropped_while_outstanding_leaves_the_source_writable,
+    ),
+];
+
+/// A clone of a template dropped while a request from it is outstanding
+/// leaves its handle with the QP; once the request ends (and after a
+/// RESET), the handle goes and the template's source is writable again.
+/// (Before, the handle stayed as long as any template of the family, so
+/// `template_source_mut` refused for good with nothing outstanding.)
+fn clone_dropped_while_outstanding_leaves_the_source_writable(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
+    let target = crate::common::remote_region(&p.pd, 64)?;
+    let op = SendOp::RdmaWrite(RemoteAddr {
+        addr: target.addr(),
+        rkey: target.rkey(),
+    });
+    let c = p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?;
+    let src = SharedChunk::new(c.into_iter().next().ok_or("no chunk")?);
+    let mut t = p.a.send_template(op, Some((&src, 64)))?;
+    drop(src);
+    for round in 0..2 {
+        let clone = t.clone();
+        p.a.post_template_one(&clone, 1, true)?;
+        drop(clone);
+        let e = p.a.template_source_mut(&mut t).expect_err("outstanding");
+        ensure!(e.to_string().contains("outstanding"), "{e}");
+        if round == 0 {
+            let wcs = poll_n(&p.cq, 1)?;
+            ensure!(p.a.reclaim_one(&wcs[0]).is_some(), "{:?}", wcs[0]);
+        } else {
+            // A RESET ends the request too (its completion may come or not).
+            let back = p.a.reset()?;
+            ensure!(back.len() <= 1, "{} back at RESET", back.len());
+        }
+        p.a.template_source_mut(&mut t)
+            .map_err(|e| format!("round {round}: nothing outstanding, yet: {e}"))?
+            .fill(round);
+    }
+    Ok(())
+}
 
 /// Posts `t` once (signalled) as request `id` and checks that its one
 /// completion ends exactly that request.

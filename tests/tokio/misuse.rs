@@ -31,6 +31,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "misuse::waits_after_their_runtime_shut_down_fail_typed",
         runtime_gone,
     ),
+    (
+        "misuse::dropped_qp_completions_leave_theirs_for_the_next",
+        dropped_qp_completions_leave_theirs_for_the_next,
+    ),
 ];
 
 fn outside_runtime(env: &Env) -> Result<(), Failed> {
@@ -151,6 +155,70 @@ fn empty_and_unrouted(env: &Env) -> Result<(), Failed> {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         ensure!(shared.unrouted() == 1, "{} unrouted", shared.unrouted());
+        Ok(())
+    })
+}
+
+/// A `QpCompletions` dropped with completions queued (a task cancelled
+/// mid-stream) loses none: they are counted in `unrouted()` until the QP
+/// is registered again, whose first poll gets them, and the QP reclaims
+/// every request. (Before, they were dropped with the route, uncounted,
+/// and the requests stayed outstanding until RESET.)
+fn dropped_qp_completions_leave_theirs_for_the_next(env: &Env) -> Result<(), Failed> {
+    crate::run_for(crate::limit(), async {
+        let shared = SharedCq::new(&env.ctx, 64)?;
+        let pd = env.ctx.alloc_pd()?;
+        let attr = QpInitAttr::new(QpType::Rc, shared.cq(), shared.cq());
+        let (mut a, mut b) = (pd.create_qp(&attr)?, pd.create_qp(&attr)?);
+        crate::common::connect(env, &mut a, &mut b, AccessFlags::empty())?;
+        let first = shared.register(&a)?;
+        // b's completions go to a registration of their own (kept).
+        let _b_completions = shared.register(&b)?;
+        let mut bufs = pd.alloc_chunks(6, 64, AccessFlags::LOCAL_WRITE)?;
+        let recvs = bufs
+            .drain(..3)
+            .map(|c| rdma_verbs::qp::RecvWr::new(7).sge(c));
+        b.post_recv(recvs.collect::<Vec<_>>())?;
+        let sends = bufs.into_iter().enumerate().map(|(i, c)| {
+            rdma_verbs::qp::SendWr::new(i as u64, rdma_verbs::qp::SendOp::Send).sge_len(c, 8)
+        });
+        a.post_send(sends.collect::<Vec<_>>())?;
+        let start = std::time::Instant::now();
+        while first.queued() < 3 {
+            ensure!(
+                start.elapsed() < crate::limit(),
+                "{} routed",
+                first.queued()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(first);
+        ensure!(
+            shared.unrouted() == 3,
+            "{} unrouted after the drop",
+            shared.unrouted()
+        );
+        let mut again = shared.register(&a)?;
+        ensure!(
+            shared.unrouted() == 0,
+            "{} unrouted after registering again",
+            shared.unrouted()
+        );
+        let mut wcs = [WorkCompletion::default(); 8];
+        let got = again.poll(&mut wcs).await?;
+        ensure!(
+            got.len() == 3,
+            "{} completions for the new registration",
+            got.len()
+        );
+        for wc in got.iter() {
+            ensure!(a.reclaim_one(wc).is_some(), "{wc:?} ended nothing");
+        }
+        ensure!(
+            a.outstanding_sends() == 0,
+            "{} sends outstanding",
+            a.outstanding_sends()
+        );
         Ok(())
     })
 }

@@ -4,13 +4,13 @@
 
 use std::ffi::c_int;
 
-use super::super::chain::{post_chain, refuse_all, Chain, Room, Scratch, Stack};
+use super::super::chain::{post_chain, Chain, Room, Scratch, Stack};
 use super::super::check::RecvFacts;
 use super::super::completed::PostError;
 use super::super::entries::Loan;
 use super::super::ledger::RecvLedger;
 use super::super::request::RecvWr;
-use super::super::{QpState, QueuePair};
+use super::super::QueuePair;
 use super::fail;
 use crate::error::Error;
 use crate::sys;
@@ -40,28 +40,7 @@ impl QueuePair {
     where
         I: IntoIterator<Item = RecvWr>,
     {
-        const VERB: &str = "ibv_post_recv";
-        if let Some(error) = self.recv_refusal(VERB) {
-            return refuse_all(Some(error), wrs.into_iter(), |w, out| w.data.give_back(out));
-        }
-        let floor = self.recv_floor();
-        let qp = self.as_ptr();
-        let p = self.pending_mut();
-        p.recv_facts.floor = floor;
-        let facts = p.recv_facts;
-        post_recv_chain(
-            VERB,
-            &mut p.recv,
-            &mut p.rq,
-            &facts,
-            wrs.into_iter(),
-            |n, room, held| recv_queue_full(VERB, n, room, held),
-            |chain, bad| {
-                // SAFETY: live QP; a NULL-terminated chain into the call's
-                // stack (and the queue's scratch), naming chunks the ledger holds.
-                unsafe { sys::ibv_post_recv(qp, chain, bad) }
-            },
-        )
+        self.recv_half(true).post_recv(wrs)
     }
 
     /// Posts one receive: [`post_recv`](Self::post_recv) with a single
@@ -86,83 +65,7 @@ impl QueuePair {
     #[doc(alias = "ibv_post_recv")]
     #[inline(always)]
     pub fn post_recv_one(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        const VERB: &str = "ibv_post_recv";
-        if self.takes_no_recvs() {
-            return self.post_recv_refused(wr);
-        }
-        let floor = self.recv_floor();
-        let qp = self.as_ptr();
-        let p = self.pending_mut();
-        p.recv_facts.floor = floor;
-        // One writable chunk of this PD that holds the floor (or none where
-        // there is no floor), and room: the common case. Anything else
-        // takes `post_recv`'s path, which refuses it with the reason.
-        if !p.recv_facts.fast(&wr) || p.recv.room() == 0 {
-            return self.post_recv_refused(wr);
-        }
-        let mut sge = sys::ibv_sge::default();
-        let num_sge = wr.data.fill(std::slice::from_mut(&mut sge)) as c_int;
-        let tag = match p.recv.insert(wr.wr_id, wr.data.into_loan()) {
-            Ok(tag) => tag,
-            Err(loan) => return Err(tags_exhausted(VERB, loan)),
-        };
-        let mut raw = sys::ibv_recv_wr {
-            wr_id: tag,
-            num_sge,
-            ..Default::default()
-        };
-        if num_sge > 0 {
-            raw.sg_list = &mut sge;
-        }
-        let mut bad: *mut sys::ibv_recv_wr = std::ptr::null_mut();
-        // `raw` is one request (`next` NULL) whose entry, if any, lives on
-        // this stack frame for the call and names the chunk the ledger now
-        // holds (checked: of this PD, writable by the device) until the
-        // device is done with it, whatever the provider returns.
-        // SAFETY: a live QP, and a request valid for the call (above).
-        let rc = unsafe { sys::ibv_post_recv(qp, &mut raw, &mut bad) };
-        if rc != 0 {
-            return Err(super::super::chain::provider_failed(VERB, rc, 1));
-        }
-        Ok(())
-    }
-
-    /// Whether the QP takes no receive now: its known state is RESET or
-    /// ERR (in ERR the verbs would flush a receive, but rxe on Linux 6.1
-    /// never completes it), or it receives through an SRQ.
-    #[inline(always)]
-    fn takes_no_recvs(&self) -> bool {
-        matches!(self.state(), QpState::Reset | QpState::Err) || self.uses_srq()
-    }
-
-    /// Why the QP takes no receive now (see `takes_no_recvs`), if it
-    /// does not: the first check of every receive post.
-    #[inline(always)]
-    pub(in crate::qp) fn recv_refusal(&self, verb: &'static str) -> Option<Error> {
-        self.takes_no_recvs().then(|| self.recv_refused(verb))
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn recv_refused(&self, verb: &'static str) -> Error {
-        if self.uses_srq() {
-            Error::invalid(verb, "the QP receives through its SRQ: post to the SRQ")
-        } else {
-            Error::QpState {
-                verb,
-                state: self.state(),
-                needs: "receives need INIT, RTR, RTS, SQD or SQE",
-            }
-        }
-    }
-
-    /// [`post_recv_one`](Self::post_recv_one)'s request that the common
-    /// case does not take: `post_recv` checks it and refuses it with the
-    /// reason (or, where only the fast check was too strict, posts it).
-    #[cold]
-    #[inline(never)]
-    fn post_recv_refused(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        self.post_recv(std::iter::once(wr))
+        self.recv_half(true).post_recv_one(wr)
     }
 }
 
@@ -184,7 +87,7 @@ pub(in crate::qp) fn recv_queue_full(
 /// A request the ledger has no stamp left for: refused, its chunks back.
 #[cold]
 #[inline(never)]
-fn tags_exhausted(verb: &'static str, loan: Loan) -> PostError {
+pub(in crate::qp) fn tags_exhausted(verb: &'static str, loan: Loan) -> PostError {
     let mut back = Vec::new();
     loan.give_back(&mut back);
     fail(Error::TagsExhausted { verb }, 0, back)

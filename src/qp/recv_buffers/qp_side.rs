@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::super::entries::Loan;
-use super::super::post::Pending;
+use super::super::queues::RecvQueue;
 use super::super::QueuePair;
 use crate::error::Error;
 use crate::mr::MrInner;
@@ -55,7 +55,7 @@ impl PoolCell {
     }
 }
 
-impl Pending {
+impl RecvQueue {
     /// Makes sure the QP pins pool `id` (its `cell`), before a post call
     /// hands the device any of its buffers.
     #[inline(always)]
@@ -85,7 +85,7 @@ impl Pending {
     #[cold]
     #[inline(never)]
     fn pool_held(&self, id: u32) -> bool {
-        self.recv_ledger()
+        self.ledger
             .any_live(|wr_id, load| matches!(load, Loan::Pooled) && (wr_id >> 32) as u32 == id)
     }
 
@@ -122,11 +122,12 @@ impl QueuePair {
     #[inline(always)]
     pub(super) fn pool_refusal(&mut self, pd: usize, size: usize, n: usize) -> Option<Error> {
         const VERB: &str = "ibv_post_recv";
-        if let Some(e) = self.recv_refusal(VERB) {
+        if let Some(e) = self.recv_half(false).recv_refusal(VERB) {
             return Some(e);
         }
         let floor = self.recv_floor();
-        let (ledger, facts) = self.pending_mut().recv_and_facts();
+        let q = &mut self.pending_mut().recv;
+        let (ledger, facts) = (&q.ledger, &mut q.facts);
         facts.floor = floor;
         let (other_pd, room) = (facts.pd as usize != pd, ledger.room());
         if other_pd || facts.max_sge == 0 || size < floor as usize || room < n {
