@@ -14,6 +14,7 @@ mod context;
 mod cq_ex;
 mod data;
 mod ex;
+mod halves_model;
 mod in_use;
 mod modify;
 mod mw;
@@ -43,6 +44,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(by_value::TESTS);
     tests.extend_from_slice(recv_buffers::TESTS);
     tests.extend_from_slice(template_pins::TESTS);
+    tests.extend_from_slice(halves_model::TESTS);
     tests.extend_from_slice(recv_model::TESTS);
     tests.extend_from_slice(ex::TESTS);
     tests.extend_from_slice(mw::TESTS);
