@@ -508,7 +508,8 @@ impl<'q> RecvHalf<'q> {
         }
         let tag = wc.tag();
         match Kind::of(tag) {
-            Some(kind @ (Kind::Recv | Kind::Srq)) => self.ended(wc, tag, kind, on),
+            Some(Kind::Recv) => self.ended(wc, tag, Kind::Recv, on),
+            Some(Kind::Srq) => self.ended(wc, tag, Kind::Srq, on),
             _ => 0,
         }
     }
@@ -681,9 +682,12 @@ impl QueuePair {
             return 0;
         }
         let tag = wc.tag();
+        // Each kind a constant in its arm, so that `ended` folds its own
+        // match on it.
         match Kind::of(tag) {
             Some(Kind::Send) => SendHalf::new(shared, send).ended::<C, QUIET>(wc, tag, on),
-            Some(kind) => RecvHalf::new(shared, recv).ended(wc, tag, kind, on),
+            Some(Kind::Recv) => RecvHalf::new(shared, recv).ended(wc, tag, Kind::Recv, on),
+            Some(Kind::Srq) => RecvHalf::new(shared, recv).ended(wc, tag, Kind::Srq, on),
             None => 0,
         }
     }

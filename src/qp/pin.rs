@@ -16,56 +16,29 @@ use crate::sys;
 /// What a [`SendTemplate`] (with its clones) shares
 /// with the QP it posts on: whether a request from it may be outstanding
 /// there (`active`, kept by the QP), and the source's handle, which a
-/// template dropped while `active` is set leaves here (`left`), and which
-/// goes as soon as `active` is cleared, so that the family's other
-/// templates find their source writable again.
+/// template dropped while `active` is set leaves here. The handle goes
+/// with the family, or sooner, when a template of the family asks for its
+/// source ([`QueuePair::template_source_mut`](super::QueuePair::template_source_mut))
+/// with nothing outstanding: the posts and completions never look at it.
 #[derive(Debug, Default)]
 pub(crate) struct Keeper {
     handle: Mutex<Option<SharedChunk>>,
-    /// Set after a handle was left in `handle`: the QP looks at the lock
-    /// only then.
-    left: AtomicBool,
     pub(super) active: AtomicBool,
 }
 
 impl Keeper {
     /// A template of the family is dropped: its handle stays here while a
     /// request from the family may be outstanding.
-    ///
-    /// `leave` and [`deactivate`](Self::deactivate) each store their flag
-    /// then read the other's (sequentially consistent): if the QP's
-    /// deactivation does not see `left`, this sees `active` cleared, and
-    /// lets the handle go itself. Either way no handle stays once the QP
-    /// needs none.
     pub(super) fn leave(&self, src: SharedChunk) {
-        if !self.active.load(Ordering::SeqCst) {
-            return;
-        }
-        *self.lock() = Some(src);
-        self.left.store(true, Ordering::SeqCst);
-        if !self.active.load(Ordering::SeqCst) {
-            self.let_go();
+        if self.active.load(Ordering::Acquire) {
+            *self.lock() = Some(src);
         }
     }
 
-    /// The QP: no request from the family is outstanding any more.
-    #[inline(always)]
-    pub(super) fn deactivate(&self) {
-        self.active.store(false, Ordering::SeqCst);
-        if self.left.load(Ordering::SeqCst) {
-            self.let_go();
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn let_go(&self) {
-        let handle = {
-            let mut h = self.lock();
-            self.left.store(false, Ordering::SeqCst);
-            h.take()
-        };
-        drop(handle);
+    /// The handle a dropped template left, taken out (the caller has made
+    /// sure no request needs it).
+    pub(super) fn take_left(&self) -> Option<SharedChunk> {
+        self.lock().take()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<SharedChunk>> {
@@ -117,7 +90,7 @@ impl Pin {
     fn settle(&mut self, send: &SendLedger<Loan>, idle: bool) -> bool {
         if self.active && (idle || !send.outstanding(self.last)) {
             self.active = false;
-            self.keeper.deactivate();
+            self.keeper.active.store(false, Ordering::Release);
         }
         self.orphan()
     }
@@ -273,7 +246,7 @@ impl SendQueue {
     /// needed.
     pub(super) fn release_pins(&mut self) {
         for p in self.pins.drain(..) {
-            p.keeper.deactivate();
+            p.keeper.active.store(false, Ordering::Release);
         }
     }
 }

@@ -382,6 +382,9 @@ impl QueuePair {
                  (reclaim its completion first)",
             ));
         }
+        // Nothing outstanding: a handle a dropped clone left is needed no
+        // more.
+        drop(t.keeper.take_left());
         match src.get_mut() {
             Some(chunk) => Ok(chunk.as_mut_slice()),
             None => Err(Error::invalid(
