@@ -258,6 +258,19 @@ pub use time::scaled;
 // Child processes: running the examples and rdma-core's C programs.
 pub mod procs;
 
+/// xorshift64*: a seeded, reproducible sequence, for the model tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
 /// How long a test waits for something that must happen (completions, an
 /// event, a drain): `RDMA_VERBS_TEST_DEADLINE_SECS` if set, else 20 s
 /// [`scaled`].

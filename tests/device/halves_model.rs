@@ -9,7 +9,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{pair, Env, TestFn};
+use crate::common::{pair, Env, Rng, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[(
     "halves_model::halves_follow_the_model_through_random_steps",
@@ -33,18 +33,6 @@ struct Model {
     recvs: usize,
     to_a: usize,
     to_b: usize,
-}
-
-/// xorshift64*: a seeded, reproducible sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
 }
 
 impl Shape {
