@@ -91,12 +91,13 @@ pub(crate) struct QpCommon {
     qp_type: QpType,
 }
 
-// SAFETY: `raw` is the QP this is kept with, live while a half can reach
-// it (a half borrows its `QueuePair`, or an owned half's joint keeps it),
+// `raw` is the QP this is kept with, live while a half can reach it (a
+// half borrows its `QueuePair`, or an owned half's joint keeps it),
 // through which a half calls only `ibv_post_send` (the send half),
 // `ibv_post_recv` (the receive half) and `ibv_query_qp`: thread-safe verbs
 // whose providers lock the send and the receive queue apart. The other
 // fields are `Send` and `Sync`.
+// SAFETY: so `QpCommon` may move to another thread (above).
 unsafe impl Send for QpCommon {}
 // SAFETY: as for `Send`; through `&QpCommon` only those verbs are called
 // and only the atomic known state is written.
