@@ -98,6 +98,7 @@ pub mod cm;
 mod context;
 mod cq;
 pub mod cq_ex;
+mod datapath;
 mod device;
 mod device_attr;
 mod error;

@@ -5,10 +5,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::datapath::{post_recv_chain, Kind, Loan, RecvFacts, RecvLedger, Scratch};
 use crate::error::{check_ptr, check_rc, Error, Result};
 use crate::handle::{close_counted, take_last, Owned, RawObject};
 use crate::pd::ProtectionDomain;
-use crate::qp::post_internal::{post_recv_chain, Kind, Loan, RecvFacts, RecvLedger, Scratch};
 use crate::qp::{Completed, PostError, RecvWr, MAX_SGE};
 use crate::sys;
 use crate::users::{Tally, UserCounts, UserKind};
@@ -122,7 +122,7 @@ impl SharedReceiveQueue {
         // The staging vector has room for chains of up to CHAIN_ROOM
         // receives (built on the stack): no post of one allocates, the
         // first included.
-        let wrs = crate::qp::post_internal::chain_room(slots as u32);
+        let wrs = crate::datapath::chain_room(slots as u32);
         let keep = SrqKeep {
             _tally: Tally::new(pd.users(), UserKind::SharedReceiveQueue, 1),
             pd: pd.clone(),

@@ -266,7 +266,7 @@ impl<F: FieldSet> PolledWc<'_, F> {
     }
 }
 
-impl<F: FieldSet> crate::qp::post_internal::CompletionSealed for PolledWc<'_, F> {}
+impl<F: FieldSet> crate::datapath::CompletionSealed for PolledWc<'_, F> {}
 
 impl<F: FieldSet> Completion for PolledWc<'_, F> {
     #[inline]

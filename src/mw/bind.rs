@@ -140,7 +140,7 @@ fn check_range(region: usize, offset: usize, len: usize) -> Result<()> {
 /// so only a leaked one can leave `batch_open` set here.)
 pub(super) fn not_in_leaked_batch(verb: &'static str, qp: &QueuePair) -> Result<()> {
     if qp.pending().send.batch_open {
-        return Err(crate::qp::post_internal::leaked_batch(verb));
+        return Err(crate::datapath::leaked_batch(verb));
     }
     Ok(())
 }

@@ -127,7 +127,7 @@ impl MemoryWindow {
 }
 
 /// Undoes a request's bookkeeping that never reached the device.
-pub(crate) fn restore(loan: crate::qp::post_internal::SendLoan) {
+pub(crate) fn restore(loan: crate::datapath::SendLoan) {
     if let Some(mw) = loan.2 {
         mw.restore();
     }

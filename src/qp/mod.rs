@@ -1,6 +1,11 @@
 //! Queue pairs (`struct ibv_qp`): creation, the state machine, and reading
 //! attributes back.
 //!
+//! The data path (posting, the ledger of outstanding requests, reclaiming,
+//! the halves, templates, receive pools and `ibv_wr_*` batches) is a layer
+//! of its own in `src/datapath/`; its types are named here
+//! ([`SendWr`], [`Completed`], [`SendHalf`], ...).
+//!
 //! # Modifying a QP
 //!
 //! `ibv_modify_qp` takes a 26-field `struct ibv_qp_attr` and a mask saying
@@ -34,13 +39,13 @@
 //!
 //! | concern | methods | file |
 //! |---|---|---|
-//! | create, close | [`new`](QueuePair::new) ([`ProtectionDomain::create_qp`]), [`close`](QueuePair::close), [`close_and_reclaim`](QueuePair::close_and_reclaim) | `qp/mod.rs`, `qp/reclaim.rs` |
-//! | facts | [`qp_num`](QueuePair::qp_num), [`qp_type`](QueuePair::qp_type), [`caps`](QueuePair::caps), [`pd`](QueuePair::pd), [`srq`](QueuePair::srq), [`send_ops`](QueuePair::send_ops), [`as_raw`](QueuePair::as_raw) | `qp/mod.rs`, `qp/ex.rs` |
-//! | state machine | [`state`](QueuePair::state), [`port`](QueuePair::port), [`modify`](QueuePair::modify), [`modify_unchecked`](QueuePair::modify_unchecked), [`resync`](QueuePair::resync), [`wait_sq_drained`](QueuePair::wait_sq_drained), [`query`](QueuePair::query), [`query_state`](QueuePair::query_state), [`reset`](QueuePair::reset) | `qp/modify.rs`, `qp/query.rs`, `qp/reclaim.rs` |
+//! | create, close | [`new`](QueuePair::new) ([`ProtectionDomain::create_qp`]), [`close`](QueuePair::close), [`close_and_reclaim`](QueuePair::close_and_reclaim) | `qp/mod.rs`, `datapath/reclaim.rs` |
+//! | facts | [`qp_num`](QueuePair::qp_num), [`qp_type`](QueuePair::qp_type), [`caps`](QueuePair::caps), [`pd`](QueuePair::pd), [`srq`](QueuePair::srq), [`send_ops`](QueuePair::send_ops), [`as_raw`](QueuePair::as_raw) | `qp/mod.rs`, `datapath/ex.rs` |
+//! | state machine | [`state`](QueuePair::state), [`port`](QueuePair::port), [`modify`](QueuePair::modify), [`modify_unchecked`](QueuePair::modify_unchecked), [`resync`](QueuePair::resync), [`wait_sq_drained`](QueuePair::wait_sq_drained), [`query`](QueuePair::query), [`query_state`](QueuePair::query_state), [`reset`](QueuePair::reset) | `qp/modify.rs`, `qp/query.rs`, `datapath/reclaim.rs` |
 //! | bring-up | [`local_endpoint`](QueuePair::local_endpoint), [`connect`](QueuePair::connect), [`bring_up_ud`](QueuePair::bring_up_ud), [`bring_up_raw_packet`](QueuePair::bring_up_raw_packet); typed: [`Qp`] | `qp/connect.rs`, `qp/bring_up.rs`, `qp/typed.rs` |
-//! | post | [`post_send`](QueuePair::post_send), [`post_recv`](QueuePair::post_recv), [`post_recv_one`](QueuePair::post_recv_one), [`post_template`](QueuePair::post_template), [`post_template_one`](QueuePair::post_template_one), [`send_template`](QueuePair::send_template), [`template_source_mut`](QueuePair::template_source_mut), [`start_batch`](QueuePair::start_batch); raw: [`post_send_raw`](QueuePair::post_send_raw), [`post_recv_raw`](QueuePair::post_recv_raw) | `qp/post.rs`, `qp/post/recv.rs`, `qp/template.rs`, `qp/ex.rs` |
-//! | get requests back | [`reclaim`](QueuePair::reclaim), [`reclaim_one`](QueuePair::reclaim_one), [`reclaim_chunks`](QueuePair::reclaim_chunks), [`take_released`](QueuePair::take_released), [`outstanding_sends`](QueuePair::outstanding_sends), [`outstanding_recvs`](QueuePair::outstanding_recvs), [`bookkeeping_bytes`](QueuePair::bookkeeping_bytes) | `qp/reclaim.rs`, `qp/post.rs` |
-//! | two threads | [`split`](QueuePair::split) ([`SendHalf`], [`RecvHalf`]), [`into_split`](QueuePair::into_split) ([`OwnedSendHalf`], [`OwnedRecvHalf`], [`OwnedSendHalf::reunite`]) | `qp/halves.rs`, `qp/split.rs` |
+//! | post | [`post_send`](QueuePair::post_send), [`post_recv`](QueuePair::post_recv), [`post_recv_one`](QueuePair::post_recv_one), [`post_template`](QueuePair::post_template), [`post_template_one`](QueuePair::post_template_one), [`send_template`](QueuePair::send_template), [`template_source_mut`](QueuePair::template_source_mut), [`start_batch`](QueuePair::start_batch); raw: [`post_send_raw`](QueuePair::post_send_raw), [`post_recv_raw`](QueuePair::post_recv_raw) | `datapath/post.rs`, `datapath/post/recv.rs`, `datapath/template.rs`, `datapath/ex.rs` |
+//! | get requests back | [`reclaim`](QueuePair::reclaim), [`reclaim_one`](QueuePair::reclaim_one), [`reclaim_chunks`](QueuePair::reclaim_chunks), [`take_released`](QueuePair::take_released), [`outstanding_sends`](QueuePair::outstanding_sends), [`outstanding_recvs`](QueuePair::outstanding_recvs), [`bookkeeping_bytes`](QueuePair::bookkeeping_bytes) | `datapath/reclaim.rs`, `datapath/post.rs` |
+//! | two threads | [`split`](QueuePair::split) ([`SendHalf`], [`RecvHalf`]), [`into_split`](QueuePair::into_split) ([`OwnedSendHalf`], [`OwnedRecvHalf`], [`OwnedSendHalf::reunite`]) | `datapath/halves.rs`, `datapath/split.rs` |
 //! | memory windows | [`bind_mw`](QueuePair::bind_mw), [`unbind_mw`](QueuePair::unbind_mw), [`invalidate_mw`](QueuePair::invalidate_mw), [`invalidated_rkey`](QueuePair::invalidated_rkey) | `mw/bind.rs`, `mw/invalidate.rs` |
 //!
 //! # Posting, and getting requests back
@@ -70,35 +75,10 @@
 
 mod attr;
 mod bring_up;
-mod chain;
-mod check;
-mod completed;
 mod connect;
-mod entries;
-mod ex;
-mod halves;
-mod known;
-mod ledger;
+pub(crate) mod known;
 mod mask;
 mod modify;
-mod pin;
-mod post;
-mod queues;
-mod reclaim;
-mod recv_buffers;
-mod request;
-mod split;
-mod template;
-
-/// Pieces of the data path the SRQ shares.
-pub(crate) mod post_internal {
-    pub(crate) use super::chain::Scratch;
-    pub(crate) use super::check::RecvFacts;
-    pub(crate) use super::completed::sealed::Sealed as CompletionSealed;
-    pub(crate) use super::entries::{Loan, SendLoan};
-    pub(crate) use super::ledger::{Kind, RecvLedger};
-    pub(crate) use super::post::{chain_room, leaked_batch, post_recv_chain};
-}
 mod query;
 mod table;
 mod typed;
@@ -108,21 +88,20 @@ mod values;
 
 pub use crate::remote::RemoteBuf;
 pub use attr::QpAttr;
-pub use completed::{Completed, Completion, PostError, RequestKind};
 pub use connect::{ConnectOptions, Endpoint};
-#[cfg(feature = "cm")]
-pub(crate) use ex::create_ex_with;
-pub use ex::{SendOpsFlags, WrBatch};
-pub use halves::{RecvHalf, SendHalf};
 pub(crate) use known::{Known, QpRegistry};
 pub use mask::QpAttrMask;
-pub(crate) use post::fail as post_error;
 pub use query::{QpAttributes, QpInitAttributes};
-pub use recv_buffers::{Received, RecvBuffers, Taken};
-pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
-pub use split::{OwnedRecvHalf, OwnedSendHalf, ReuniteError};
 pub use table::{transition_rule, TransitionRule};
-pub use template::SendTemplate;
+// The data path's types (`crate::datapath`), named here by users.
+#[cfg(feature = "cm")]
+pub(crate) use crate::datapath::create_ex_with;
+pub(crate) use crate::datapath::post_error;
+pub use crate::datapath::{
+    Completed, Completion, OwnedRecvHalf, OwnedSendHalf, PostError, Received, RecvBuffers,
+    RecvHalf, RecvWr, RemoteAddr, RequestKind, ReuniteError, SendHalf, SendOp, SendOpsFlags,
+    SendTemplate, SendWr, Taken, WrBatch, MAX_SGE,
+};
 pub use typed::{
     InitToInit, InitToRtr, Modify, Qp, RawPacket, Rc, ResetToInit, RtrToRts, RtsToRts, RtsToSqd,
     SqdToRts, SqdToSqd, SqeToRts, ToErr, ToReset, Transport, Uc, Ud,
@@ -293,10 +272,10 @@ struct QpKeep {
     _tallies: [Option<Tally>; 4],
     /// What both halves of the QP read: its handle, PD, SRQ, known state
     /// and type.
-    common: halves::QpCommon,
+    common: crate::datapath::QpCommon,
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
-    pending: queues::Pending,
+    pending: crate::datapath::Pending,
     /// The QP's entry in its context's registry (for the event delivery);
     /// dropped only after the QP is destroyed.
     _registration: known::Registration,
@@ -331,7 +310,7 @@ pub struct QueuePair {
     /// 40-byte GRH on a port that needs one, else 0).
     recv_floor: (u8, u32),
     /// For a QP made with `send_ops`: its `ibv_qp_ex`.
-    ex: Option<ex::QpEx>,
+    pub(crate) ex: Option<crate::datapath::QpEx>,
 }
 
 /// A QP number of this process's own, never given twice (a `u64` counted
@@ -360,7 +339,7 @@ impl QueuePair {
     #[doc(alias = "ibv_create_qp")]
     pub fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
         if let Some(ops) = attr.send_ops {
-            return ex::create(pd, attr, ops);
+            return crate::datapath::create_ex(pd, attr, ops);
         }
         Self::create_with(pd, attr, "ibv_create_qp", |raw_attr| {
             // SAFETY: PD and CQs are live (borrowed for the call) and belong to
@@ -491,7 +470,7 @@ impl QueuePair {
                 (!one_cq).then(|| Tally::new(rcq.users(), kind, 1)),
                 attr.srq.map(|srq| Tally::new(srq.users(), kind, 1)),
             ],
-            common: halves::QpCommon::new(
+            common: crate::datapath::QpCommon::new(
                 raw,
                 pd.clone(),
                 attr.srq.cloned(),
@@ -500,7 +479,7 @@ impl QueuePair {
             ),
             _send_cq: attr.send_cq.clone(),
             _recv_cq: attr.recv_cq.clone(),
-            pending: queues::Pending::new(
+            pending: crate::datapath::Pending::new(
                 &caps,
                 attr.qp_type,
                 pd.as_ptr(),
@@ -591,17 +570,31 @@ impl QueuePair {
     }
 
     #[inline]
-    pub(crate) fn pending(&self) -> &queues::Pending {
+    pub(crate) fn pending(&self) -> &crate::datapath::Pending {
         &self.inner.keep().pending
     }
 
     #[inline]
-    pub(crate) fn pending_mut(&mut self) -> &mut queues::Pending {
+    pub(crate) fn pending_mut(&mut self) -> &mut crate::datapath::Pending {
         &mut self.inner.keep_mut().pending
     }
 
+    /// The facts both halves read and the pending requests: disjoint
+    /// borrows of the QP's keep.
+    #[inline(always)]
+    pub(crate) fn parts(&mut self) -> (&crate::datapath::QpCommon, &mut crate::datapath::Pending) {
+        let keep = self.inner.keep_mut();
+        (&keep.common, &mut keep.pending)
+    }
+
+    /// The facts both halves read, from a shared QP (an owned half's).
+    #[inline(always)]
+    pub(crate) fn common(&self) -> &crate::datapath::QpCommon {
+        &self.inner.keep().common
+    }
+
     /// Destroys the QP and returns its outstanding requests' bookkeeping.
-    fn into_keep(self) -> Result<queues::Pending> {
+    pub(crate) fn into_keep(self) -> Result<crate::datapath::Pending> {
         let keep = self.release_link().into_keep()?;
         Ok(keep.pending)
     }
@@ -644,7 +637,11 @@ impl QueuePair {
         }
         match self.pd().context().port_fixed(port, false) {
             Ok(f) => {
-                let floor = if f.grh_required() { check::GRH_LEN } else { 0 };
+                let floor = if f.grh_required() {
+                    crate::datapath::GRH_LEN
+                } else {
+                    0
+                };
                 self.recv_floor = (port, floor);
                 floor
             }

@@ -72,7 +72,7 @@ impl QueuePair {
 /// The refusal of `n` receive requests when the QP's receive queue has
 /// room for `room` with `held` outstanding.
 #[cold]
-pub(in crate::qp) fn recv_queue_full(
+pub(in crate::datapath) fn recv_queue_full(
     verb: &'static str,
     n: usize,
     room: usize,
@@ -87,7 +87,7 @@ pub(in crate::qp) fn recv_queue_full(
 /// A request the ledger has no stamp left for: refused, its chunks back.
 #[cold]
 #[inline(never)]
-pub(in crate::qp) fn tags_exhausted(verb: &'static str, loan: Loan) -> PostError {
+pub(in crate::datapath) fn tags_exhausted(verb: &'static str, loan: Loan) -> PostError {
     let mut back = Vec::new();
     loan.give_back(&mut back);
     fail(Error::TagsExhausted { verb }, 0, back)

@@ -14,22 +14,22 @@
 //!
 //! # One send, from post to reclaim
 //!
-//! 1. `qp/post.rs`: [`QueuePair::post_send`] makes the [`SendHalf`] of the
-//!    call (`qp/halves.rs`: the QP's `QpCommon` and its [`SendQueue`],
-//!    `qp/queues.rs`) and calls [`SendHalf::post_send`].
-//! 2. `qp/halves.rs`: the QP's known state and a leaked batch are read
+//! 1. `datapath/post.rs`: [`QueuePair::post_send`] makes the [`SendHalf`] of the
+//!    call (`datapath/halves.rs`: the QP's `QpCommon` and its [`SendQueue`],
+//!    `datapath/queues.rs`) and calls [`SendHalf::post_send`].
+//! 2. `datapath/halves.rs`: the QP's known state and a leaked batch are read
 //!    (one atomic load, one flag); the call goes to `post_chain`.
-//! 3. `qp/chain.rs`: `post_chain`, the one post loop: per request the
-//!    fast check (`SendFacts::fast`, `qp/check.rs`), the raw request
-//!    filled in the call's `Stack` (`fill_send`, `qp/post.rs`), the
-//!    request's `Loan` (its chunks, `qp/entries.rs`) moved into the
-//!    `Ledger` (`qp/ledger.rs`), whose tag becomes the `wr_id`; then one
+//! 3. `datapath/chain.rs`: `post_chain`, the one post loop: per request the
+//!    fast check (`SendFacts::fast`, `datapath/check.rs`), the raw request
+//!    filled in the call's `Stack` (`fill_send`, `datapath/post.rs`), the
+//!    request's `Loan` (its chunks, `datapath/entries.rs`) moved into the
+//!    `Ledger` (`datapath/ledger.rs`), whose tag becomes the `wr_id`; then one
 //!    `ibv_post_send`. A refusal or a panicking iterator takes the call's
 //!    requests back out (`Chain`'s undo).
-//! 4. `qp/reclaim.rs`: [`QueuePair::reclaim`] routes the completion by its
+//! 4. `datapath/reclaim.rs`: [`QueuePair::reclaim`] routes the completion by its
 //!    tag's kind (`QueuePair::route`, here) to the send half, whose
 //!    `SendQueue::complete` takes the requests it ends out of the ledger
-//!    and hands each back as a [`Completed`] (`qp/completed.rs`).
+//!    and hands each back as a [`Completed`] (`datapath/completed.rs`).
 //!
 //! Seven files (`post.rs`, `halves.rs`, `queues.rs`, `chain.rs`,
 //! `check.rs`, `entries.rs`, `ledger.rs`) to the provider, three more
@@ -67,7 +67,6 @@ use super::completed::{Completed, Completion, PostError};
 use super::entries::Loan;
 use std::sync::Arc;
 
-use super::known::{query_state, Known};
 use super::ledger::Kind;
 use super::post::{check_send, fill_send, lend_send, send_queue_full, send_refusal};
 use super::post::{post_recv_chain, recv_queue_full, tags_exhausted};
@@ -77,6 +76,7 @@ use super::{QpState, QpType, QueuePair};
 use crate::error::Error;
 use crate::mr::Chunk;
 use crate::pd::ProtectionDomain;
+use crate::qp::known::{query_state, Known};
 use crate::srq::SharedReceiveQueue;
 use crate::sys;
 
@@ -84,8 +84,8 @@ use crate::sys;
 /// half changes none of it but the known state (one atomic word).
 pub(crate) struct QpCommon {
     raw: NonNull<sys::ibv_qp>,
-    pub(super) pd: ProtectionDomain,
-    pub(super) srq: Option<SharedReceiveQueue>,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) srq: Option<SharedReceiveQueue>,
     /// The QP's known state (see `QueuePair::known`).
     known: Arc<Known>,
     qp_type: QpType,
@@ -104,7 +104,7 @@ unsafe impl Send for QpCommon {}
 unsafe impl Sync for QpCommon {}
 
 impl QpCommon {
-    pub(super) fn new(
+    pub(crate) fn new(
         raw: NonNull<sys::ibv_qp>,
         pd: ProtectionDomain,
         srq: Option<SharedReceiveQueue>,
@@ -625,21 +625,15 @@ impl QueuePair {
     /// The facts both halves read and the two queues: disjoint borrows of
     /// the QP's keep.
     #[inline(always)]
-    fn parts(&mut self) -> (&QpCommon, &mut SendQueue, &mut RecvQueue) {
-        let keep = self.inner.keep_mut();
-        (&keep.common, &mut keep.pending.send, &mut keep.pending.recv)
-    }
-
-    /// The facts both halves read, from a shared QP (an owned half's).
-    #[inline(always)]
-    pub(super) fn common(&self) -> &QpCommon {
-        &self.inner.keep().common
+    fn queues(&mut self) -> (&QpCommon, &mut SendQueue, &mut RecvQueue) {
+        let (common, pending) = self.parts();
+        (common, &mut pending.send, &mut pending.recv)
     }
 
     /// The send half, for one call of a `QueuePair` method.
     #[inline(always)]
     pub(super) fn send_half(&mut self) -> SendHalf<'_> {
-        let (shared, send, _) = self.parts();
+        let (shared, send, _) = self.queues();
         SendHalf::new(shared, send)
     }
 
@@ -648,7 +642,7 @@ impl QueuePair {
     #[inline(always)]
     pub(super) fn recv_half(&mut self, floor: bool) -> RecvHalf<'_> {
         let floor = if floor { Some(self.recv_floor()) } else { None };
-        let (shared, _, recv) = self.parts();
+        let (shared, _, recv) = self.queues();
         if let Some(floor) = floor {
             recv.facts.floor = floor;
         }
@@ -665,7 +659,7 @@ impl QueuePair {
     /// outlive a borrow, see [`into_split`](Self::into_split).
     pub fn split(&mut self) -> (SendHalf<'_>, RecvHalf<'_>) {
         let floor = self.recv_floor();
-        let (shared, send, recv) = self.parts();
+        let (shared, send, recv) = self.queues();
         recv.facts.floor = floor;
         (SendHalf::new(shared, send), RecvHalf::new(shared, recv))
     }
@@ -678,7 +672,7 @@ impl QueuePair {
         wc: &C,
         on: impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
-        let (shared, send, recv) = self.parts();
+        let (shared, send, recv) = self.queues();
         if !shared.names_us(wc) {
             return 0;
         }
@@ -704,7 +698,7 @@ impl QueuePair {
         self.route::<C, false>(wc, |wr_id, own, kind, loan| {
             one.add(Completed::new(wr_id, own, kind, loan))
         });
-        one.finish(&mut self.inner.keep_mut().pending.send)
+        one.finish(&mut self.pending_mut().send)
     }
 }
 

@@ -203,7 +203,7 @@ impl QueuePair {
     /// typed transition or [`reset`](Self::reset)) handed back and that were
     /// not taken yet; empty otherwise.
     pub fn take_released(&mut self) -> Vec<Completed> {
-        self.inner.keep_mut().pending.send.take_released()
+        self.pending_mut().send.take_released()
     }
 
     /// Destroys the QP now and hands back every request it still held

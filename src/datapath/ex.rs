@@ -193,7 +193,7 @@ fn check_send_ops(
 }
 
 /// Creates an extended QP (`QueuePair::new` with `send_ops` set).
-pub(super) fn create(
+pub(crate) fn create(
     pd: &ProtectionDomain,
     attr: &QpInitAttr<'_>,
     ops: SendOpsFlags,
@@ -219,7 +219,7 @@ pub(crate) fn create_ex_with(
     verb: &'static str,
     call: impl FnOnce(&mut sys::ibv_qp_init_attr_ex) -> Result<NonNull<sys::ibv_qp>>,
 ) -> Result<QueuePair> {
-    check_send_ops(verb, pd, attr.qp_type, ops)?;
+    check_send_ops(verb, pd, attr.qp_type(), ops)?;
     let ctx = pd.context();
     let mut qp = QueuePair::create_with(pd, attr, verb, |raw| {
         let mut x = sys::ibv_qp_init_attr_ex {

@@ -71,7 +71,7 @@ impl RecvQueue {
     /// [`take`](super::RecvBuffers::take): if the pool is gone, its pin
     /// goes with its last record.
     #[inline(always)]
-    pub(in crate::qp) fn pool_ended(&mut self, wr_id: u64) {
+    pub(in crate::datapath) fn pool_ended(&mut self, wr_id: u64) {
         let id = (wr_id >> 32) as u32;
         if let Some(i) = self.pools.iter().position(|p| p.id == id) {
             if self.pools[i].cell.dropped.load(Ordering::Acquire) && !self.pool_held(id) {

@@ -24,7 +24,7 @@ use crate::ah::AddressHandle;
 use crate::mr::{Chunk, SharedChunk};
 use crate::sys;
 
-use super::values::{QKey, QpNum};
+use crate::qp::{QKey, QpNum};
 
 /// The most scatter/gather entries one work request of the safe API takes.
 pub const MAX_SGE: usize = 4;

@@ -1,0 +1,69 @@
+//! The data path: posting work requests to a QP's queues, the ledger that
+//! owns what each outstanding request names, and getting requests back
+//! from their completions.
+//!
+//! The QP object and its state machine live in [`crate::qp`]; this layer
+//! reads the QP's known state and handle through `QpCommon`
+//! (`halves.rs`) and keeps its bookkeeping in the QP's `Pending`
+//! (`queues.rs`). The SRQ, memory windows and extended CQs use it through
+//! the crate-internal items below. Its public types are re-exported by
+//! [`crate::qp`], where users name them.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `post.rs` | the safe path's guarantees (module docs), `post_send`, `post_recv`, refusals |
+//! | `post/recv.rs` | the receive checks and the one-request receive |
+//! | `halves.rs` | [`SendHalf`], [`RecvHalf`]: the one implementation of posting and reclaiming; the trace of one send |
+//! | `split.rs` | owned halves and `reunite` |
+//! | `queues.rs` | `Pending`: the send queue's and the receive queue's bookkeeping |
+//! | `chain.rs` | the one post loop and its undo |
+//! | `check.rs` | the checks per request, with the facts found at creation |
+//! | `entries.rs` | what a request owns while posted (`Loan`) |
+//! | `ledger.rs` | tags and the table of outstanding requests |
+//! | `request.rs` | [`SendWr`], [`RecvWr`] |
+//! | `completed.rs` | [`Completed`], [`Completion`], [`PostError`] |
+//! | `reclaim.rs` | `reclaim`, `reset`, `close_and_reclaim` |
+//! | `template.rs`, `pin.rs` | [`SendTemplate`] and what keeps its source unwritable |
+//! | `recv_buffers.rs` | [`RecvBuffers`] pools |
+//! | `ex.rs` | QPs made with `send_ops` and [`WrBatch`] |
+
+mod chain;
+mod check;
+mod completed;
+mod entries;
+mod ex;
+mod halves;
+mod ledger;
+mod pin;
+mod post;
+mod queues;
+mod reclaim;
+mod recv_buffers;
+mod request;
+mod split;
+mod template;
+
+// What the files here name as `super::X`: the QP object's types.
+use crate::qp::{QpAttr, QpCaps, QpInitAttr, QpState, QpType, QueuePair};
+
+pub use completed::{Completed, Completion, PostError, RequestKind};
+#[cfg(feature = "cm")]
+pub(crate) use ex::create_ex_with;
+pub(crate) use ex::{create as create_ex, QpEx};
+pub use ex::{SendOpsFlags, WrBatch};
+pub use halves::{RecvHalf, SendHalf};
+pub use recv_buffers::{Received, RecvBuffers, Taken};
+pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};
+pub use split::{OwnedRecvHalf, OwnedSendHalf, ReuniteError};
+pub use template::SendTemplate;
+
+// The crate-internal API the QP object, the SRQ, memory windows and
+// extended CQs use.
+pub(crate) use chain::Scratch;
+pub(crate) use check::{RecvFacts, GRH_LEN};
+pub(crate) use completed::sealed::Sealed as CompletionSealed;
+pub(crate) use entries::{Loan, SendLoan};
+pub(crate) use halves::QpCommon;
+pub(crate) use ledger::{Kind, RecvLedger};
+pub(crate) use post::{chain_room, fail as post_error, leaked_batch, post_recv_chain};
+pub(crate) use queues::Pending;
