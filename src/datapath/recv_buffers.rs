@@ -36,6 +36,8 @@
 //!   length).
 //! * A buffer is posted again only through `&mut RecvBuffers`, which a
 //!   live [`Received`] borrows: the bytes cannot change under the borrow.
+//! * **Buffers of 0 bytes** have no region and no chunk: their requests
+//!   have no entry, so no memory is lent to the device at all.
 //!
 //! The one `unsafe` of the direct post is the provider call and the raw
 //! requests it reads ([`RecvBuffers::post`]): one per buffer, kept by the
@@ -120,8 +122,8 @@ pub struct RecvBuffers {
     /// The region's PD (compared, never followed).
     pd: usize,
     /// The region's handle (which the pool's drop moves into `cell` if
-    /// a buffer is posted to a QP).
-    mr: Region,
+    /// a buffer is posted to a QP); none for buffers of 0 bytes.
+    mr: Option<Region>,
     /// What the QPs the pool posts to pin.
     cell: Arc<PoolCell>,
 }
@@ -201,43 +203,78 @@ pub struct Received<'a> {
 
 impl RecvBuffers {
     /// Registers `count` buffers of `size` bytes (one region, `LOCAL_WRITE`
-    /// only) in `pd`. Refused: `count` 0 or above `u32::MAX`, `size` 0 or
-    /// above `u32::MAX` (an sge's length).
+    /// only) in `pd`. Refused: `count` 0 or above `u32::MAX`, `size` above
+    /// `u32::MAX` (an sge's length).
+    ///
+    /// Buffers of 0 bytes register nothing: each is a receive without an
+    /// entry, for RDMA WRITE with immediate (whose data lands in the
+    /// writer's target, the immediate in the completion) and zero-length
+    /// sends. Its [`Received`] holds no bytes.
+    ///
+    /// ```no_run
+    /// # fn f(pd: &rdma_verbs::ProtectionDomain, qp: &mut rdma_verbs::QueuePair,
+    /// #      wc: &rdma_verbs::WorkCompletion) -> Result<(), Box<dyn std::error::Error>> {
+    /// use rdma_verbs::qp::{RecvBuffers, Taken};
+    /// let mut imms = RecvBuffers::new(pd, 64, 0)?;
+    /// imms.post(qp)?;
+    /// if let Taken::Mine(_) = imms.take(qp, wc) {
+    ///     println!("a write arrived, immediate {:?}", wc.imm_data());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for the counts above, or what
+    /// `ibv_reg_mr` answers.
     #[doc(alias = "ibv_reg_mr")]
     pub fn new(pd: &ProtectionDomain, count: usize, size: usize) -> Result<Self> {
         const VERB: &str = "ibv_reg_mr";
-        if count == 0 || u32::try_from(count).is_err() || size == 0 || u32::try_from(size).is_err()
-        {
+        if count == 0 || u32::try_from(count).is_err() || u32::try_from(size).is_err() {
             return Err(Error::invalid(
                 VERB,
                 format!(
-                    "{count} receive buffers of {size} bytes: both must be at least 1 and at most {}",
+                    "{count} receive buffers of {size} bytes: at least 1 buffer, at most {} \
+                     of each",
                     u32::MAX
                 ),
             ));
         }
-        let chunks = pd.alloc_chunks(count, size, AccessFlags::LOCAL_WRITE)?;
-        let Some(first) = chunks.first() else {
-            return Err(Error::invalid(VERB, "internal: no receive buffer was made"));
+        let (chunks, region, mr) = if size == 0 {
+            (
+                (0..count).map(|_| None).collect::<Vec<Option<Chunk>>>(),
+                0,
+                None,
+            )
+        } else {
+            let chunks = pd.alloc_chunks(count, size, AccessFlags::LOCAL_WRITE)?;
+            let Some(first) = chunks.first() else {
+                return Err(Error::invalid(VERB, "internal: no receive buffer was made"));
+            };
+            let (region, mr) = (first.region_id(), Region(first.region().clone()));
+            (chunks.into_iter().map(Some).collect(), region, Some(mr))
         };
-        let (region, mr) = (first.region_id(), Region(first.region().clone()));
+        // Buffers of 0 bytes: entries of length 0 that no request counts
+        // (`num_sge` 0), so that every request's `sg_list` is in bounds.
         let sges = (chunks.iter())
-            .map(|c| sys::ibv_sge {
-                addr: c.addr(),
-                length: size as u32,
-                lkey: c.lkey(),
+            .map(|c: &Option<Chunk>| {
+                c.as_ref()
+                    .map_or(sys::ibv_sge::default(), |c| sys::ibv_sge {
+                        addr: c.addr(),
+                        length: size as u32,
+                        lkey: c.lkey(),
+                    })
             })
             .collect();
         let wrs = (0..count)
             .map(|_| sys::ibv_recv_wr {
-                num_sge: 1,
+                num_sge: std::ffi::c_int::from(size > 0),
                 ..Default::default()
             })
             .collect();
         Ok(RecvBuffers {
             region,
             pd: pd.as_ptr() as usize,
-            chunks: chunks.into_iter().map(Some).collect(),
+            chunks,
             state: vec![Where::Here; count],
             free: (0..count as u32).collect(),
             raw: RawRecvs { wrs, sges },
@@ -394,10 +431,13 @@ impl RecvBuffers {
         if n == 0 {
             return Ok(0);
         }
-        let (id, chunks) = (self.id, &mut self.chunks);
+        let (id, size, chunks) = (self.id, self.size, &mut self.chunks);
         let mut wrs = self.free.iter().filter_map(|&i| {
-            let c = chunks[i as usize].take()?;
-            Some(RecvWr::new((u64::from(id) << 32) | u64::from(i)).sge(c))
+            let wr = RecvWr::new((u64::from(id) << 32) | u64::from(i));
+            if size == 0 {
+                return Some(wr);
+            }
+            Some(wr.sge(chunks[i as usize].take()?))
         });
         let res = srq.post_recv(&mut wrs);
         if !matches!(&res, Err(e) if e.posted == 0) {
@@ -569,8 +609,11 @@ impl RecvBuffers {
     /// buffer posted there, or a record of its post to an SRQ whose one
     /// chunk is that very buffer (a receive the caller posted with a
     /// `wr_id` of the pool's is not the pool's, whatever its chunks: the
-    /// pool's region has no chunk but the pool's own). Another request
-    /// comes back as `Err`.
+    /// pool's region has no chunk but the pool's own). For buffers of 0
+    /// bytes, an SRQ record holds nothing: a bufferless receive the caller
+    /// posted to the SRQ with a `wr_id` of the pool's would be taken for
+    /// the pool's (no memory is at stake: the buffers have none). Another
+    /// request comes back as `Err`.
     #[inline(always)]
     fn keep(&mut self, wr_id: u64, loan: Loan) -> std::result::Result<u32, Loan> {
         let index = wr_id as u32;
@@ -596,6 +639,12 @@ impl RecvBuffers {
                 self.state[i] = Where::Here;
                 Ok(index)
             }
+            // Buffers of 0 bytes lend nothing to the SRQ: the record of
+            // one posted there holds nothing either.
+            Loan::Empty if self.size == 0 && self.state.get(i) == Some(&Where::Srq) => {
+                self.state[i] = Where::Here;
+                Ok(index)
+            }
             other => Err(other),
         }
     }
@@ -608,7 +657,8 @@ impl Drop for RecvBuffers {
     /// their own chunks there.
     fn drop(&mut self) {
         let posted = self.state.contains(&Where::Qp);
-        self.cell.pool_dropped(posted.then(|| self.mr.0.clone()));
+        let region = self.mr.as_ref().filter(|_| posted);
+        self.cell.pool_dropped(region.map(|r| r.0.clone()));
     }
 }
 

@@ -58,7 +58,7 @@
 //! | [`post_template`](QueuePair::post_template) | `post_send` | every request copies one checked [`SendTemplate`]: a `wr_id` and a flag per request |
 //! | [`post_template_one`](QueuePair::post_template_one) | `post_template` | one request |
 //! | [`WrBatch::post`] | `post_send` | through `ibv_wr_*` on a QP made with `send_ops`, handed over by [`WrBatch::complete`] |
-//! | [`RecvBuffers::post`] | `post_recv` | buffers the pool owns, one call for every free one |
+//! | [`RecvBuffers::post`] | `post_recv` | buffers the pool owns, one call for every free one; buffers of 0 bytes for RDMA WRITE with immediate |
 //! | [`SendHalf::post_send`], [`RecvHalf::post_recv`] | the `QueuePair` method | on one queue of a split QP, beside the other half |
 //! | [`SharedReceiveQueue::post_recv`](crate::SharedReceiveQueue::post_recv) | `post_recv` | to an SRQ, from any thread |
 //!

@@ -33,6 +33,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "recv_buffers::a_dropped_pools_region_goes_when_each_qp_it_was_posted_to_looks",
         recv_buffers_pin_two_qps,
     ),
+    (
+        "recv_buffers::of_0_bytes_take_writes_with_immediate_on_a_qp_and_an_srq",
+        recv_buffers_empty,
+    ),
 ];
 
 /// A pool of four buffers kept posted on the receiving QP through twelve
@@ -44,7 +48,6 @@ fn recv_buffers(env: &Env) -> Result<(), Failed> {
         RecvBuffers::new(&p.pd, 0, 64).is_err(),
         "a pool of 0 buffers"
     );
-    ensure!(RecvBuffers::new(&p.pd, 4, 0).is_err(), "buffers of 0 bytes");
     let mut bufs = RecvBuffers::new(&p.pd, 4, 256)?;
     ensure!(bufs.post_up_to(&mut p.b, 0)? == 0, "posted 0 of at most 0");
     ensure!(bufs.post_up_to(&mut p.b, 1)? == 1, "posted 1 of at most 1");
@@ -498,5 +501,125 @@ fn recv_buffers_forged(env: &Env) -> Result<(), Failed> {
         "{} free",
         bufs.free()
     );
+    Ok(())
+}
+
+/// Buffers of 0 bytes (receives without an entry) take RDMA WRITEs with
+/// immediate, on a QP and through an SRQ: each completion is the pool's,
+/// holds no bytes and carries the immediate, the data is in the target,
+/// and the buffer is posted again; no region is registered for them; a
+/// write's completion offered twice
+/// ends nothing the second time; what the pool refuses (RESET) leaves
+/// every buffer free.
+fn recv_buffers_empty(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::QpInitAttr;
+    ensure!(
+        RecvBuffers::new(&env.ctx.alloc_pd()?, 0, 0).is_err(),
+        "a pool of 0 buffers"
+    );
+    let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
+    let regions = regions_of(&p.pd)?;
+    let mut imms = RecvBuffers::new(&p.pd, 4, 0)?;
+    ensure!(regions_of(&p.pd)? == regions, "a region for 0-byte buffers");
+    ensure!(imms.buffer_size() == 0 && imms.len() == 4, "{imms:?}");
+    let target = crate::common::remote_region(&p.pd, 64)?;
+    let mut src =
+        p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+            .pop()
+            .ok_or("no chunk")?;
+    // Over twice the pool, so that every buffer is posted again.
+    let write = |p: &mut crate::common::Pair, src, imms: &mut RecvBuffers, round: u32| {
+        let op = SendOp::RdmaWriteWithImm(
+            RemoteAddr {
+                addr: target.addr(),
+                rkey: target.rkey(),
+            },
+            round,
+        );
+        p.a.post_send([SendWr::new(u64::from(round), op).sge_len(src, 8)])?;
+        let (mut got, mut back) = (None, None);
+        for wc in poll_n(&p.cq, 2)? {
+            ensure!(wc.is_success(), "round {round}: {wc:?}");
+            if wc.opcode() == Ok(WcOpcode::RecvRdmaWithImm) {
+                match imms.take(&mut p.b, &wc) {
+                    Taken::Mine(msg) => {
+                        ensure!(msg.is_empty() && msg.is_success(), "{msg:?}");
+                        got = wc.imm_data();
+                    }
+                    other => return Err(format!("round {round}: {other:?}").into()),
+                }
+                ensure!(
+                    matches!(imms.take(&mut p.b, &wc), Taken::Nothing),
+                    "the same completion twice"
+                );
+            } else {
+                back = p.a.reclaim_one(&wc).and_then(Completed::into_chunk);
+            }
+        }
+        ensure!(got == Some(round), "round {round}: immediate {got:?}");
+        imms.post(&mut p.b)?;
+        Ok::<_, Failed>(back.ok_or("no send chunk back")?)
+    };
+    ensure!(imms.post(&mut p.b)? == 4, "posted 4");
+    for round in 1..=9u32 {
+        src.as_mut_slice()[..8].fill(round as u8);
+        src = write(&mut p, src, &mut imms, round)?;
+        let mut got = [0u8; 8];
+        target.read(0, &mut got)?;
+        ensure!(got == [round as u8; 8], "round {round}: {got:?}");
+    }
+    ensure!(
+        imms.posted() == 4 && p.b.outstanding_recvs() == 4,
+        "4 posted"
+    );
+    // RESET hands the records back; the pool takes them, and a post below
+    // INIT is refused with every buffer still free.
+    for c in p.b.reset()? {
+        imms.give_back(c)
+            .map_err(|c| format!("not the pool's: {c:?}"))?;
+    }
+    ensure!(imms.free() == 4, "{} free after RESET", imms.free());
+    let e = imms.post(&mut p.b).expect_err("RESET");
+    ensure!(e.posted == 0 && imms.free() == 4, "{e}");
+
+    // Through an SRQ: the same writes, taken through the QP on the SRQ.
+    let cq = env.ctx.create_cq(64)?;
+    let srq = p.pd.create_srq(8, 1, 0)?;
+    let mut sender =
+        p.pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps()))?;
+    let mut receiver =
+        p.pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps()).srq(&srq))?;
+    crate::common::connect(env, &mut sender, &mut receiver, AccessFlags::REMOTE_WRITE)?;
+    let mut imms = RecvBuffers::new(&p.pd, 2, 0)?;
+    ensure!(
+        imms.post_srq(&srq)? == 2 && srq.outstanding() == 2,
+        "2 on the SRQ"
+    );
+    for round in 1..=5u32 {
+        let op = SendOp::RdmaWriteWithImm(
+            RemoteAddr {
+                addr: target.addr(),
+                rkey: target.rkey(),
+            },
+            round,
+        );
+        sender.post_send([SendWr::new(0, op).sge_len(src, 8)])?;
+        let mut back = None;
+        for wc in poll_n(&cq, 2)? {
+            ensure!(wc.is_success(), "SRQ round {round}: {wc:?}");
+            if wc.qp_num() == receiver.qp_num() {
+                match imms.take(&mut receiver, &wc) {
+                    Taken::Mine(msg) => ensure!(msg.is_empty(), "{msg:?}"),
+                    other => return Err(format!("SRQ round {round}: {other:?}").into()),
+                }
+                ensure!(wc.imm_data() == Some(round), "{wc:?}");
+            } else {
+                back = sender.reclaim_one(&wc).and_then(Completed::into_chunk);
+            }
+        }
+        src = back.ok_or("no send chunk back")?;
+        ensure!(imms.post_srq(&srq)? == 1, "reposted 1 to the SRQ");
+    }
+    ensure!(srq.outstanding() == 2 && imms.posted() == 2, "2 on the SRQ");
     Ok(())
 }
