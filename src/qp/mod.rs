@@ -54,9 +54,9 @@
 //! |---|---|---|
 //! | [`post_send`](QueuePair::post_send) | (the plain send) | |
 //! | [`post_recv`](QueuePair::post_recv) | `post_send` | receives; a receive without a buffer takes an RDMA WRITE with immediate |
-//! | [`post_recv_one`](QueuePair::post_recv_one) | `post_recv` | one request, no iterator |
+//! | [`post_recv_one`](QueuePair::post_recv_one) | `post_recv` | one request, no iterator: 23 instructions less a receive than `post_recv(Some(wr))` (see [`guide::performance`](crate::guide::performance)) |
 //! | [`post_template`](QueuePair::post_template) | `post_send` | every request copies one checked [`SendTemplate`]: a `wr_id` and a flag per request |
-//! | [`post_template_one`](QueuePair::post_template_one) | `post_template` | one request |
+//! | [`post_template_one`](QueuePair::post_template_one) | `post_template` | one request, the raw request the QP keeps for the template reused |
 //! | [`WrBatch::post`] | `post_send` | through `ibv_wr_*` on a QP made with `send_ops`, handed over by [`WrBatch::complete`] |
 //! | [`RecvBuffers::post`] | `post_recv` | buffers the pool owns, one call for every free one; buffers of 0 bytes for RDMA WRITE with immediate |
 //! | [`SendHalf::post_send`], [`RecvHalf::post_recv`] | the `QueuePair` method | on one queue of a split QP, beside the other half |
