@@ -13,6 +13,8 @@ use crate::handle::{close_shared, Owned, RawObject};
 use crate::sys;
 use crate::users::{Tally, UserKind};
 
+pub(crate) mod acks;
+
 impl RawObject for sys::ibv_comp_channel {
     const DESTROY: &'static str = "ibv_destroy_comp_channel";
     const NAME: &'static str = "completion channel";
@@ -128,6 +130,11 @@ impl CompletionChannel {
     /// The CQ must be re-armed with [`CompletionQueue::req_notify`] to get
     /// another event. On a non-blocking channel with nothing pending, the
     /// error's errno is `EAGAIN`.
+    ///
+    /// Events are acknowledged in batches of 64 (`ibv_ack_cq_events` takes
+    /// the CQ's lock, so C programs acknowledge several at once), and the
+    /// CQ's destruction acknowledges the rest first, so dropping a CQ never
+    /// waits on an event read here (see `channel/acks.rs`).
     #[doc(alias = "ibv_get_cq_event")]
     #[doc(alias = "ibv_ack_cq_events")]
     pub fn get_event(&self) -> Result<CqEvent> {
@@ -136,10 +143,9 @@ impl CompletionChannel {
         // SAFETY: the channel is live; both out-pointers are valid.
         let rc = unsafe { sys::ibv_get_cq_event(self.as_ptr(), &mut cq, &mut ctx) };
         crate::error::check_rc("ibv_get_cq_event", rc)?;
-        // SAFETY: libibverbs just reported `cq`, which cannot be destroyed
-        // before this event is acknowledged; acknowledging at once keeps
-        // `ibv_destroy_cq` from waiting on us later.
-        unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        // SAFETY: what ibv_get_cq_event of this crate's channel just
+        // returned: a CQ this crate made on it, with its `EventAcks`.
+        unsafe { acks::read(cq, ctx) };
         Ok(CqEvent { cq })
     }
 

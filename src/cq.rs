@@ -16,8 +16,17 @@ impl RawObject for sys::ibv_cq {
     const DESTROY: &'static str = "ibv_destroy_cq";
     const NAME: &'static str = "completion queue";
     unsafe fn destroy(ptr: *mut Self) -> c_int {
-        // SAFETY: the caller (`Owned`) passes a live CQ, once.
-        unsafe { sys::ibv_destroy_cq(ptr) }
+        // SAFETY: the caller (`Owned`) passes a live CQ, once: the events
+        // read from its channel are acknowledged before it is destroyed
+        // (ibv_destroy_cq waits for them), their count freed after.
+        unsafe {
+            let acks = crate::channel::acks::close(ptr);
+            let rc = sys::ibv_destroy_cq(ptr);
+            if rc == 0 {
+                crate::channel::acks::free(acks);
+            }
+            rc
+        }
     }
 }
 
@@ -143,6 +152,10 @@ impl CompletionQueue {
         channel: Option<&CompletionChannel>,
         ex: bool,
     ) -> Self {
+        if channel.is_some() {
+            // SAFETY: a fresh CQ (the caller's promise), not yet armed.
+            unsafe { crate::channel::acks::attach(raw.as_ptr()) };
+        }
         let keep = CqKeep {
             _tally: Tally::new(ctx.users(), UserKind::CompletionQueue, 1),
             ctx: ctx.clone(),

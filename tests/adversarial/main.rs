@@ -8,6 +8,7 @@
 mod common;
 use common::Need;
 
+mod acks;
 mod arith;
 #[cfg(feature = "cm")]
 mod cm;
@@ -23,6 +24,7 @@ mod wire;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
+    tests.extend_from_slice(acks::TESTS);
     tests.extend_from_slice(arith::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(data::TESTS);
