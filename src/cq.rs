@@ -145,7 +145,8 @@ impl CompletionQueue {
     ///
     /// # Safety
     /// `raw` is a live CQ of `ctx`, owned by nobody else, created on
-    /// `channel` (if any).
+    /// `channel` (if any), not yet armed, whose `cq_context` nothing else
+    /// uses (a CQ on a channel gets its event count there).
     pub(crate) unsafe fn from_raw(
         ctx: &Context,
         raw: std::ptr::NonNull<sys::ibv_cq>,
