@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::cq::CompletionQueue;
-use crate::error::{check_ptr, Error, Result};
+use crate::error::{check_ptr, Result};
 use crate::handle::{close_shared, Owned, RawObject};
 use crate::sys;
 use crate::users::{Tally, UserKind};
@@ -97,32 +97,7 @@ impl CompletionChannel {
     /// Makes [`get_event`](Self::get_event) return `EAGAIN` instead of
     /// blocking when no event is pending (for event loops).
     pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        let fd = self.as_raw_fd();
-        // SAFETY: fcntl on a descriptor the channel owns and keeps open.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(Error::Verb {
-                verb: "fcntl",
-                errno: std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO),
-            });
-        }
-        let flags = if nonblocking {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
-            return Err(Error::Verb {
-                verb: "fcntl",
-                errno: std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO),
-            });
-        }
-        Ok(())
+        crate::fd::set_nonblocking(self.as_raw_fd(), nonblocking).map(|_| ())
     }
 
     /// Waits for the next completion event and acknowledges it.
@@ -164,14 +139,14 @@ impl CompletionChannel {
         }
         match crate::error::last_errno(libc::EIO) {
             libc::EAGAIN => Ok(None),
-            errno => Err(Error::Verb {
+            errno => Err(crate::error::Error::Verb {
                 verb: "ibv_get_cq_event",
                 errno,
             }),
         }
     }
 
-    /// Destroys the channel now; [`Error::InUse`] while clones or CQs use it.
+    /// Destroys the channel now; [`Error::InUse`](crate::Error::InUse) while clones or CQs use it.
     #[doc(alias = "ibv_destroy_comp_channel")]
     pub fn close(self) -> Result<()> {
         close_shared(self.inner)

@@ -103,6 +103,7 @@ mod device;
 mod device_attr;
 mod error;
 mod event;
+mod fd;
 mod gid;
 pub mod guide;
 mod handle;

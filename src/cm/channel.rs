@@ -100,20 +100,7 @@ impl EventChannel {
         // Waiting happens in poll(2), never inside rdma_get_cm_event with
         // the lock held.
         let fd = inner.fd();
-        // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL
-        // only change its status flags.
-        let ok = unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
-        };
-        if !ok {
-            return Err(Error::Verb {
-                verb: "fcntl",
-                errno: std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EINVAL),
-            });
-        }
+        crate::fd::set_nonblocking(fd, true)?;
         Ok(EventChannel { inner })
     }
 

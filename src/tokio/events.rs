@@ -63,7 +63,7 @@ impl AsyncEvents {
     pub fn new(ctx: &Context) -> Result<Self> {
         super::in_runtime("ibv_get_async_event")?;
         let raw = ctx.as_raw_fd();
-        let was = super::set_nonblocking(raw)?;
+        let was = crate::fd::set_nonblocking(raw, true)?;
         match super::register(EventFd(ctx.clone()), "ibv_get_async_event") {
             Ok(fd) => Ok(AsyncEvents { fd }),
             Err(e) => {

@@ -114,33 +114,8 @@ fn io_error(verb: &'static str, e: &std::io::Error) -> Error {
     }
 }
 
-/// Sets `O_NONBLOCK` on `fd`; returns whether it was set before (for
-/// [`restore_blocking`] when a later step fails).
-fn set_nonblocking(fd: std::os::fd::RawFd) -> Result<bool> {
-    // SAFETY: fcntl on a descriptor the caller keeps open; F_GETFL/F_SETFL
-    // change only its status flags.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-        return Ok(true);
-    }
-    // SAFETY: as above.
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } != 0 {
-        return Err(Error::Verb {
-            verb: "fcntl",
-            errno: crate::error::last_errno(libc::EIO),
-        });
-    }
-    Ok(false)
-}
-
-/// Clears the `O_NONBLOCK` that [`set_nonblocking`] set (best effort: on
+/// Clears the `O_NONBLOCK` that `set_nonblocking` set (best effort: on
 /// the way out of a failed constructor).
 fn restore_blocking(fd: std::os::fd::RawFd) {
-    // SAFETY: as in `set_nonblocking`.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
-    }
+    let _ = crate::fd::set_nonblocking(fd, false);
 }
