@@ -501,17 +501,24 @@ impl RecvBuffers {
                 return Taken::Other(Completed::new(wr_id, true, Kind::Recv, Loan::Pooled));
             }
         }
+        Taken::Mine(self.lend(index, wc, ok))
+    }
+
+    /// The borrow of buffer `index`, which completion `wc` (successful or
+    /// not: `ok`) ended.
+    #[inline(always)]
+    fn lend(&mut self, index: u32, wc: &WorkCompletion, ok: bool) -> Received<'_> {
         let len = if ok {
             (wc.byte_len() as usize).min(self.size)
         } else {
             0
         };
-        Taken::Mine(Received {
+        Received {
             pool: self,
             index,
             len,
             ok,
-        })
+        }
     }
 
     /// [`take`](Self::take) of a receive of the QP's own queue that is not
@@ -562,19 +569,7 @@ impl RecvBuffers {
         ok: bool,
     ) -> Taken<'a> {
         match self.keep(wr_id, loan) {
-            Ok(index) => {
-                let len = if ok {
-                    (wc.byte_len() as usize).min(self.size)
-                } else {
-                    0
-                };
-                Taken::Mine(Received {
-                    pool: self,
-                    index,
-                    len,
-                    ok,
-                })
-            }
+            Ok(index) => Taken::Mine(self.lend(index, wc, ok)),
             Err(loan) => Taken::Other(Completed::new(wr_id, signaled, kind, loan)),
         }
     }
