@@ -283,6 +283,11 @@ impl QueuePair {
     /// batch.complete()?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a QP without `send_ops`,
+    /// [`Error::GuardLeaked`] when an earlier batch was leaked open, and
+    /// [`Error::QpState`] below RTS.
     #[doc(alias = "ibv_wr_start")]
     pub fn start_batch(&mut self) -> Result<WrBatch<'_>> {
         const VERB: &str = "ibv_wr_start";
@@ -444,6 +449,10 @@ impl WrBatch<'_> {
     /// still open: everything [`QueuePair::post_send`] refuses, an
     /// operation not in the QP's `send_ops`, a full send queue, and on rxe
     /// a list of entries of unequal lengths. Allocates nothing.
+    ///
+    /// # Errors
+    /// A [`PostError`] with the request's chunks, nothing recorded and the
+    /// batch still open, for what is refused above.
     #[doc(alias = "ibv_wr_send")]
     #[doc(alias = "ibv_wr_rdma_write")]
     #[doc(alias = "ibv_wr_rdma_read")]
@@ -560,6 +569,10 @@ impl WrBatch<'_> {
     /// The checks and bookkeeping of [`QueuePair::bind_mw`] apply; type 1
     /// windows are refused (they are bound with `QueuePair::bind_mw`), as
     /// is a QP created without [`SendOpsFlags::BIND_MW`].
+    ///
+    /// # Errors
+    /// A [`PostError`], nothing recorded, for what [`QueuePair::bind_mw`]
+    /// refuses, a type 1 window, and a QP without `BIND_MW`.
     #[doc(alias = "ibv_wr_bind_mw")]
     pub fn bind_mw(&mut self, mw: &mut MemoryWindow, bind: &MwBind<'_>) -> Result<u32, PostError> {
         const VERB: &str = "ibv_wr_bind_mw";
@@ -596,6 +609,10 @@ impl WrBatch<'_> {
     /// (`ibv_wr_local_inv` with its rkey); the checks and bookkeeping of
     /// [`QueuePair::invalidate_mw`] apply, and the QP needs
     /// [`SendOpsFlags::LOCAL_INV`]. Signalled.
+    ///
+    /// # Errors
+    /// A [`PostError`], nothing recorded, for what
+    /// [`QueuePair::invalidate_mw`] refuses and a QP without `LOCAL_INV`.
     #[doc(alias = "ibv_wr_local_inv")]
     pub fn local_inv(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<(), PostError> {
         const VERB: &str = "ibv_wr_local_inv";
@@ -645,6 +662,10 @@ impl WrBatch<'_> {
     /// them anyway, so only a completion, a RESET or the QP's destruction
     /// hands their chunks back. An empty batch is completed too (the
     /// provider's lock must be released) and posts nothing.
+    ///
+    /// # Errors
+    /// A [`PostError`] when `ibv_wr_complete` fails: the batch's requests
+    /// stay outstanding, counted in `posted`.
     #[doc(alias = "ibv_wr_complete")]
     pub fn complete(mut self) -> Result<(), PostError> {
         self.open = false;

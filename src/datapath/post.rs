@@ -277,6 +277,11 @@ impl QueuePair {
     /// }
     /// # }
     /// ```
+    ///
+    /// # Errors
+    /// A [`PostError`]: refused before the call, with every chunk handed
+    /// back in it and nothing posted; or the provider failed, and the
+    /// requests stay in the ledger (in doubt, counted in `posted`).
     #[doc(alias = "ibv_post_send")]
     #[inline]
     pub fn post_send<'a, I>(&mut self, wrs: I) -> Result<(), PostError>
@@ -304,6 +309,10 @@ impl QueuePair {
     /// likewise; and the completions of these requests are never passed to
     /// [`reclaim`](Self::reclaim) (their `wr_id`s are the caller's, and
     /// could look like the safe path's tags).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the provider's errno when
+    /// `ibv_post_send` fails (the request may still have been queued).
     #[doc(alias = "ibv_post_send")]
     pub unsafe fn post_send_raw(&mut self, wr: &mut sys::ibv_send_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();
@@ -321,6 +330,10 @@ impl QueuePair {
     /// been polled or the QP has been reset or destroyed, even if this call
     /// fails, and those completions are never passed to
     /// [`reclaim`](Self::reclaim).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the provider's errno when
+    /// `ibv_post_recv` fails (the request may still have been queued).
     #[doc(alias = "ibv_post_recv")]
     pub unsafe fn post_recv_raw(&mut self, wr: &mut sys::ibv_recv_wr) -> Result<()> {
         let mut bad = std::ptr::null_mut();

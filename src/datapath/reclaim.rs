@@ -193,6 +193,10 @@ impl QueuePair {
     /// Completions of them still in a CQ end nothing afterwards. Also
     /// returns what an earlier move to RESET through [`modify`](Self::modify)
     /// left in [`take_released`](Self::take_released).
+    ///
+    /// # Errors
+    /// What [`modify`](Self::modify) answers when the move to RESET is
+    /// refused or fails; the requests then stay outstanding.
     #[doc(alias = "ibv_modify_qp")]
     pub fn reset(&mut self) -> Result<Vec<Completed>> {
         self.modify(&super::QpAttr::new().state(QpState::Reset))?;
@@ -211,6 +215,10 @@ impl QueuePair {
     ///
     /// On failure the QP still exists on the device, so its requests'
     /// chunks are leaked with it, never handed back or freed.
+    ///
+    /// # Errors
+    /// What `ibv_destroy_qp` answers; the QP and every request's chunks
+    /// are then leaked, never freed under the device.
     #[doc(alias = "ibv_destroy_qp")]
     pub fn close_and_reclaim(self) -> Result<Vec<Completed>> {
         Ok(self.into_keep()?.into_all())

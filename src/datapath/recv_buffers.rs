@@ -324,6 +324,10 @@ impl RecvBuffers {
     /// port that needs one, no room for them all. A provider failure
     /// leaves them posted (in doubt) until a completion or a RESET brings
     /// them back.
+    ///
+    /// # Errors
+    /// A [`PostError`] with every buffer still free, for what is refused
+    /// above; or the provider failed (the buffers stay posted, in doubt).
     #[doc(alias = "ibv_post_recv")]
     #[inline]
     pub fn post(&mut self, qp: &mut QueuePair) -> Result<usize, PostError> {
@@ -332,6 +336,9 @@ impl RecvBuffers {
 
     /// Posts at most `n` free buffers (the ones freed last), as
     /// [`post`](Self::post) posts all of them; returns how many.
+    ///
+    /// # Errors
+    /// As [`post`](Self::post).
     #[doc(alias = "ibv_post_recv")]
     #[inline(always)]
     pub fn post_up_to(&mut self, qp: &mut QueuePair, n: usize) -> Result<usize, PostError> {
@@ -425,6 +432,10 @@ impl RecvBuffers {
     /// Posts every free buffer to `srq`, as [`post`](Self::post) does to a
     /// QP (through [`SharedReceiveQueue::post_recv`]); completions of them
     /// come through any QP of the SRQ.
+    ///
+    /// # Errors
+    /// As [`SharedReceiveQueue::post_recv`]: refused with every buffer
+    /// still free, or the provider failed (the buffers stay posted).
     #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_srq(&mut self, srq: &SharedReceiveQueue) -> Result<usize, PostError> {
         let n = self.free.len();
@@ -578,6 +589,9 @@ impl RecvBuffers {
     /// [`QueuePair::reset`] or [`QueuePair::take_released`], or one the
     /// caller reclaimed itself): its buffer is free again. Another
     /// request comes back as `Err`.
+    ///
+    /// # Errors
+    /// The request back, unchanged, when it is not one of this pool's.
     pub fn give_back(&mut self, c: Completed) -> std::result::Result<(), Completed> {
         let Completed {
             wr_id,

@@ -124,6 +124,10 @@ impl QueuePair {
     /// RDMA READ and atomics (their local entries are written: they need
     /// owned chunks), SEND_WITH_INV, UD QPs (each datagram names its
     /// destination), and what `post_send` refuses.
+    ///
+    /// # Errors
+    /// The error `post_send` would refuse the request with, or
+    /// [`Error::InvalidArgument`] for what only a template refuses.
     #[doc(alias = "ibv_send_wr")]
     pub fn send_template(
         &self,
@@ -181,6 +185,11 @@ impl QueuePair {
     /// [`post_send`](Self::post_send) refuses a call (the QP's state, no
     /// room), and a template made for another QP. An empty iterator posts
     /// nothing and calls nothing.
+    ///
+    /// # Errors
+    /// A [`PostError`], nothing recorded or posted, for what is refused
+    /// above; or the provider failed (the requests stay in the ledger, in
+    /// doubt).
     #[doc(alias = "ibv_post_send")]
     #[inline]
     pub fn post_template<I>(&mut self, t: &SendTemplate, reqs: I) -> Result<(), PostError>
@@ -266,6 +275,9 @@ impl QueuePair {
     /// }
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    /// As [`post_template`](Self::post_template).
     #[doc(alias = "ibv_post_send")]
     #[inline(always)]
     pub fn post_template_one(
@@ -367,6 +379,10 @@ impl QueuePair {
     /// qp.template_source_mut(&mut write)?[63] = 2;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for each
+    /// refusal above.
     pub fn template_source_mut<'t>(&mut self, t: &'t mut SendTemplate) -> Result<&'t mut [u8]> {
         const VERB: &str = "ibv_post_send";
         if t.qp != self.id() {

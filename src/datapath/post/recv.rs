@@ -34,6 +34,11 @@ impl QueuePair {
     /// ([`RecvWr::new`](crate::qp::RecvWr::new) alone) is allowed: it takes an RDMA WRITE with
     /// immediate (or a zero-length send).
     /// An empty iterator posts nothing and calls nothing.
+    ///
+    /// # Errors
+    /// A [`PostError`]: refused before the call (every chunk handed back
+    /// in it, nothing posted), or the provider failed (the requests stay in
+    /// the ledger, in doubt).
     #[doc(alias = "ibv_post_recv")]
     #[inline]
     pub fn post_recv<I>(&mut self, wrs: I) -> Result<(), PostError>
@@ -62,6 +67,9 @@ impl QueuePair {
     /// }
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    /// As [`post_recv`](Self::post_recv).
     #[doc(alias = "ibv_post_recv")]
     #[inline(always)]
     pub fn post_recv_one(&mut self, wr: RecvWr) -> Result<(), PostError> {
