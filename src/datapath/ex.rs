@@ -3,8 +3,7 @@ use std::ptr::NonNull;
 
 use super::check::SendFacts;
 use super::completed::Completed;
-use super::entries::Loan;
-use super::post::{fail, send_queue_full};
+use super::post::{fail, lend_send, send_queue_full, tags_exhausted};
 use super::request::{SendOp, SendWr, MAX_SGE};
 use super::{PostError, QpInitAttr, QpType, QueuePair};
 use crate::device_attr::{AtomicCap, DeviceCapFlags};
@@ -485,23 +484,12 @@ impl WrBatch<'_> {
             .ud
             .as_ref()
             .map(|(ah, qpn, qkey)| (ah.as_ptr(), qpn.get(), qkey.0));
-        let (op, flags, wr_id) = (wr.op, wr.flags, wr.wr_id);
-        let SendWr { data, ud: dest, .. } = wr;
-        let loan = data.into_loan();
+        let (op, flags) = (wr.op, wr.flags);
+        // The way a plain send enters the ledger (`post_send`'s).
         let p = &mut self.qp.pending_mut().send;
-        let inserted = match dest {
-            None => p.ledger.insert(wr_id, loan),
-            Some((ah, _, _)) => p
-                .insert_side(wr_id, (loan, Some(ah), None))
-                .map_err(|l| l.0),
-        };
-        let tag = match inserted {
+        let tag = match lend_send(&mut p.ledger, &mut p.side, wr) {
             Ok(tag) => tag,
-            Err(loan) => {
-                let mut back = Vec::new();
-                loan.give_back(&mut back);
-                return Err(fail(Error::TagsExhausted { verb: VERB }, 0, back));
-            }
+            Err(loan) => return Err(tags_exhausted(VERB, loan)),
         };
         let ex = self.ptr();
         // The batch is open on this live extended QP (`&mut` held); the
@@ -634,25 +622,15 @@ impl WrBatch<'_> {
         Ok(())
     }
 
-    /// Records a window request's loan in the send ledger.
+    /// Records a window request's loan in the send ledger (the one door
+    /// of window requests, [`SendQueue::lend_window`]).
     fn lend(
         &mut self,
         verb: &'static str,
         wr_id: u64,
         loan: crate::mw::MwLoan,
     ) -> Result<u64, PostError> {
-        match self
-            .qp
-            .pending_mut()
-            .send
-            .insert_side(wr_id, (Loan::Empty, None, Some(loan)))
-        {
-            Ok(tag) => Ok(tag),
-            Err(loan) => {
-                mw::restore(loan);
-                Err(fail(Error::TagsExhausted { verb }, 0, Vec::new()))
-            }
-        }
+        self.qp.pending_mut().send.lend_window(verb, wr_id, loan)
     }
 
     /// Hands the batch to the device (`ibv_wr_complete`).

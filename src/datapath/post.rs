@@ -198,33 +198,19 @@ pub(super) fn send_refusal(verb: &'static str, batch_open: bool, state: QpState)
 }
 
 impl QueuePair {
-    /// Posts one request that lends no chunks (a memory-window bind or
-    /// invalidation): records `loan` under a fresh tag in the send ledger,
-    /// then `call(tag)` hands it to the provider. No room: refused with the
-    /// loan handed to `undo`. A provider failure keeps it in the ledger
-    /// (in doubt), as for [`post_send`](Self::post_send).
+    /// Posts one memory-window request (a bind or an invalidation) that
+    /// lends `loan`: recorded through [`SendQueue::lend_window`]
+    /// (`queues.rs`), then `call(tag)` hands it to the provider. A provider
+    /// failure keeps it in the ledger (in doubt), as for
+    /// [`post_send`](Self::post_send).
     pub(crate) fn post_one_loan(
         &mut self,
         verb: &'static str,
         wr_id: u64,
-        loan: SendLoan,
-        undo: impl FnOnce(SendLoan),
+        loan: crate::mw::MwLoan,
         call: impl FnOnce(u64) -> c_int,
     ) -> Result<(), PostError> {
-        let p = &mut self.pending_mut().send;
-        let (room, held) = (p.ledger.room(), p.ledger.len());
-        let tag = match p.insert_side(wr_id, loan) {
-            Ok(tag) => tag,
-            Err(loan) => {
-                undo(loan);
-                let error = if room == 0 {
-                    send_queue_full(verb, 1, room, held)
-                } else {
-                    Error::TagsExhausted { verb }
-                };
-                return Err(fail(error, 0, Vec::new()));
-            }
-        };
+        let tag = self.pending_mut().send.lend_window(verb, wr_id, loan)?;
         let rc = call(tag);
         crate::error::check_rc(verb, rc)
             .map(|_| ())

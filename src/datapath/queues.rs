@@ -10,7 +10,7 @@
 
 use super::chain::Scratch;
 use super::check::{RecvFacts, SendFacts};
-use super::completed::Completed;
+use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
 use super::ledger::{Kind, Ledger, RecvLedger, Released, SendLedger};
 use super::pin::Pin;
@@ -166,10 +166,27 @@ impl SendQueue {
         }
     }
 
-    /// Records a send request that lends `loan` beside its entries, in the
-    /// side table; its tag, or the loan back.
-    pub(super) fn insert_side(&mut self, wr_id: u64, loan: SendLoan) -> Result<u64, SendLoan> {
-        super::post::lend_side(&mut self.ledger, &mut self.side, wr_id, loan)
+    /// The one way a memory-window request (a bind or an invalidation,
+    /// posted alone or in a [`WrBatch`](super::WrBatch)) enters the
+    /// ledger: `loan` in the side table at a fresh tag. No room or no tag
+    /// left: refused, the window's bookkeeping undone, nothing recorded.
+    pub(crate) fn lend_window(
+        &mut self,
+        verb: &'static str,
+        wr_id: u64,
+        loan: crate::mw::MwLoan,
+    ) -> Result<u64, PostError> {
+        let (room, held) = (self.ledger.room(), self.ledger.len());
+        let side = (Loan::Empty, None, Some(loan));
+        super::post::lend_side(&mut self.ledger, &mut self.side, wr_id, side).map_err(|back| {
+            crate::mw::restore(back);
+            let error = if room == 0 {
+                super::post::send_queue_full(verb, 1, room, held)
+            } else {
+                crate::error::Error::TagsExhausted { verb }
+            };
+            super::post::fail(error, 0, Vec::new())
+        })
     }
 
     /// What a released send lent: its side entry for [`Loan::Side`].

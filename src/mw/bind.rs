@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{internal, restore, slot, MemoryWindow, MwLoan, MwState, MwType};
+use super::{internal, slot, MemoryWindow, MwLoan, MwState, MwType};
 use crate::device_attr::AtomicCap;
 use crate::error::{Error, Result};
 use crate::mr::{AccessFlags, MemoryRegion, MrInner, RegionCore};
@@ -296,33 +296,26 @@ impl QueuePair {
             }
             MwType::Type2 => {
                 let (_, current, rkey, loan) = internal::lend_type2_bind(mw, bind.mr);
-                self.post_one_loan(
-                    verb,
-                    bind.wr_id,
-                    (Default::default(), None, Some(loan)),
-                    restore,
-                    |tag| {
-                        // SAFETY: `raw_mw` is `mw`'s, borrowed mutably here.
-                        unsafe { set_current_rkey(raw_mw, current) };
-                        let mut wr = sys::ibv_send_wr {
-                            wr_id: tag,
-                            opcode: sys::ibv_wr_opcode::IBV_WR_BIND_MW,
-                            send_flags: flags,
-                            ..Default::default()
-                        };
-                        wr.__bindgen_anon_2.bind_mw =
-                            sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
-                                mw: raw_mw,
-                                rkey,
-                                bind_info: info,
-                            };
-                        let mut bad = std::ptr::null_mut();
-                        // SAFETY: live QP; one request naming a live window and
-                        // region of the QP's PD (checked), both held by the
-                        // ledger entry until the device is done with them.
-                        unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
-                    },
-                )?;
+                self.post_one_loan(verb, bind.wr_id, loan, |tag| {
+                    // SAFETY: `raw_mw` is `mw`'s, borrowed mutably here.
+                    unsafe { set_current_rkey(raw_mw, current) };
+                    let mut wr = sys::ibv_send_wr {
+                        wr_id: tag,
+                        opcode: sys::ibv_wr_opcode::IBV_WR_BIND_MW,
+                        send_flags: flags,
+                        ..Default::default()
+                    };
+                    wr.__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+                        mw: raw_mw,
+                        rkey,
+                        bind_info: info,
+                    };
+                    let mut bad = std::ptr::null_mut();
+                    // SAFETY: live QP; one request naming a live window and
+                    // region of the QP's PD (checked), both held by the
+                    // ledger entry until the device is done with them.
+                    unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
+                })?;
                 Ok(rkey)
             }
         }
@@ -373,25 +366,19 @@ impl QueuePair {
     ) -> Result<u32, PostError> {
         let qp = self.as_ptr();
         let raw_mw = mw.as_ptr();
-        self.post_one_loan(
-            "ibv_bind_mw",
-            wr_id,
-            (Default::default(), None, Some(loan)),
-            restore,
-            |tag| {
-                let mut b = sys::ibv_mw_bind {
-                    wr_id: tag,
-                    send_flags,
-                    bind_info: info,
-                };
-                // Live QP and type 1 window of one PD (checked by the
-                // caller); the region `info.mr` is live, held by the loan
-                // from now on; `mw` is borrowed mutably, so nothing else
-                // reads or writes the window's fields.
-                // SAFETY: see above.
-                unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
-            },
-        )?;
+        self.post_one_loan("ibv_bind_mw", wr_id, loan, |tag| {
+            let mut b = sys::ibv_mw_bind {
+                wr_id: tag,
+                send_flags,
+                bind_info: info,
+            };
+            // Live QP and type 1 window of one PD (checked by the
+            // caller); the region `info.mr` is live, held by the loan
+            // from now on; `mw` is borrowed mutably, so nothing else
+            // reads or writes the window's fields.
+            // SAFETY: see above.
+            unsafe { sys::ibv_bind_mw(qp, raw_mw, &mut b) }
+        })?;
         // SAFETY: the window is live; `&mut mw` excludes other accesses to
         // its fields, and the call above has returned.
         let rkey = unsafe { (*raw_mw).rkey };

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{check_qp, not_in_leaked_batch, restore, slot, MemoryWindow, MwInner, MwState, MwType};
+use super::{check_qp, not_in_leaked_batch, slot, MemoryWindow, MwInner, MwState, MwType};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::qp::{PostError, QpType, QueuePair};
@@ -31,24 +31,18 @@ impl QueuePair {
         let qp = self.as_ptr();
         let rkey = mw.rkey();
         let loan = mw.lend_invalidate();
-        self.post_one_loan(
-            VERB,
-            wr_id,
-            (Default::default(), None, Some(loan)),
-            restore,
-            |tag| {
-                let mut wr = sys::ibv_send_wr {
-                    wr_id: tag,
-                    opcode: sys::ibv_wr_opcode::IBV_WR_LOCAL_INV,
-                    send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
-                    ..Default::default()
-                };
-                wr.__bindgen_anon_1.invalidate_rkey = rkey;
-                let mut bad = std::ptr::null_mut();
-                // SAFETY: live QP; one request naming no memory.
-                unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
-            },
-        )
+        self.post_one_loan(VERB, wr_id, loan, |tag| {
+            let mut wr = sys::ibv_send_wr {
+                wr_id: tag,
+                opcode: sys::ibv_wr_opcode::IBV_WR_LOCAL_INV,
+                send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+                ..Default::default()
+            };
+            wr.__bindgen_anon_1.invalidate_rkey = rkey;
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: live QP; one request naming no memory.
+            unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) }
+        })
     }
 }
 

@@ -111,7 +111,7 @@ pub use window::{MemoryWindow, MwType};
 /// Crate access for the extended QP's batch.
 pub(crate) mod internal {
     use super::*;
-    pub(crate) use super::{check_bind, check_invalidate, restore, set_current_rkey};
+    pub(crate) use super::{check_bind, check_invalidate, set_current_rkey};
 
     /// The raw window, its rkey before the bind, the new rkey
     /// (`ibv_inc_rkey` of the old one), and the loan of a type 2 bind.
