@@ -27,6 +27,24 @@
 //! | `recv_buffers.rs` | [`RecvBuffers`] pools |
 //! | `ex.rs` | QPs made with `send_ops` and [`WrBatch`] |
 
+//!
+//! # The ways into a ledger
+//!
+//! | ledger | way in | used by | its refusal and undo |
+//! |---|---|---|---|
+//! | send | `lend_send` (`post.rs`) inside `post_chain` (`chain.rs`) | `post_send`, `SendHalf::post_send` | `Chain`'s undo, `refuse*` in `chain.rs` |
+//! | send | `lend_send` | `WrBatch::post` | its checks before, `tags_exhausted` |
+//! | send | `SendQueue::lend_window` (`queues.rs`) | `bind_mw`, `invalidate_mw`, `WrBatch::bind_mw`, `WrBatch::local_inv` | in `lend_window` |
+//! | send | `Ledger::insert_made` inside `post_chain` | `post_template` | `Chain`'s undo |
+//! | send | `Ledger::insert_made` | `post_template_one` | `refused_one` (`template.rs`) |
+//! | receive | `post_recv_chain` (`post/recv.rs`) inside `post_chain` | `post_recv`, `RecvHalf::post_recv`, `SharedReceiveQueue::post_recv` | `Chain`'s undo |
+//! | receive | `Ledger::insert` | `post_recv_one` | `post_recv_refused` (`halves.rs`) |
+//! | receive | `Ledger::insert_made` | `RecvBuffers::post_up_to` | `undo_post` (`recv_buffers.rs`) |
+//!
+//! The one-request ways (`post_recv_one`, `post_template_one`) and the
+//! pool's are fast paths that skip the chain: folding them into it
+//! measured 2 to 35 instructions more per request (`guide::performance`).
+
 mod chain;
 mod check;
 mod completed;
