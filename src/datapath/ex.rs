@@ -623,7 +623,7 @@ impl WrBatch<'_> {
     }
 
     /// Records a window request's loan in the send ledger (the one door
-    /// of window requests, [`SendQueue::lend_window`]).
+    /// of window requests, `SendQueue::lend_window`).
     fn lend(
         &mut self,
         verb: &'static str,

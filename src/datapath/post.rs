@@ -199,7 +199,7 @@ pub(super) fn send_refusal(verb: &'static str, batch_open: bool, state: QpState)
 
 impl QueuePair {
     /// Posts one memory-window request (a bind or an invalidation) that
-    /// lends `loan`: recorded through [`SendQueue::lend_window`]
+    /// lends `loan`: recorded through `SendQueue::lend_window`
     /// (`queues.rs`), then `call(tag)` hands it to the provider. A provider
     /// failure keeps it in the ledger (in doubt), as for
     /// [`post_send`](Self::post_send).

@@ -232,7 +232,7 @@ impl AsyncCq {
 }
 
 impl Waiter {
-    /// The poll behind [`poll`](Self::poll) and the stream: fills `wcs`
+    /// The poll behind [`AsyncCq::poll`] and the stream: fills `wcs`
     /// with at least one completion, or registers the waker.
     ///
     /// Poll; spin (if set); arm and poll again; only then wait for the
