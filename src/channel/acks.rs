@@ -16,65 +16,75 @@
 //!
 //! # Why no event is left unacknowledged (no hang)
 //!
-//! A reader counts (`unacked += 1`), then reads `closing`; the destroyer
-//! sets `closing`, then takes the count (`swap(0)`) and acknowledges it,
-//! then calls `ibv_destroy_cq`. All four are `SeqCst`, so in their single
-//! total order either the reader's count comes before the destroyer's
-//! swap (which then takes and acknowledges it) or the destroyer's store
-//! comes before the reader's load (and the reader acknowledges its own
-//! count at once). Each count is taken by exactly one swap, so each event
-//! is acknowledged once.
+//! The count and a closing flag share one atomic word. The destroyer
+//! sets the flag and takes the count in one `swap`, acknowledges what it
+//! took, then calls `ibv_destroy_cq`. A reader adds its event to the count
+//! with a compare-and-swap that fails if the word changed since it read
+//! it; it reads again and retries. A reader that finds the flag set
+//! acknowledges its own event alone; one whose event fills the batch
+//! swaps the count to 0 and acknowledges the batch with its event. So
+//! every event is acknowledged exactly once: by its reader, by the reader
+//! that filled a batch, or by the destroyer's swap.
 //!
 //! # Why the reader's `EventAcks` is alive
 //!
 //! Only this crate creates CQs on its channels (a channel's raw pointer is
 //! not public), and [`attach`] gives every one of them its `EventAcks`
 //! before it can be armed. It is freed only after `ibv_destroy_cq`
-//! returned, which is after every reported event, the reader's included,
-//! was acknowledged, which the reader does only after its last use of it.
+//! returned, which is after every reported event was acknowledged. A
+//! reader touches the `EventAcks` only while its own event is neither
+//! counted nor acknowledged: its last access is the successful
+//! compare-and-swap that counts it (after which the destroyer may take
+//! and acknowledge it, and the CQ may go at once) or hands it to the
+//! reader's own acknowledgement.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use crate::sys;
 
 /// Events counted before they are acknowledged together.
 pub(crate) const BATCH: u32 = 64;
 
-/// The events of one CQ read from its channel and not yet acknowledged.
+/// The bit of [`EventAcks`]' word that says the CQ's destruction began
+/// (events are then acknowledged as they are read); the count below it
+/// stays under [`BATCH`].
+const CLOSING: u32 = 1 << 31;
+
+/// The events of one CQ read from its channel and not yet acknowledged,
+/// and whether its destruction began ([`CLOSING`]), in one word.
 #[derive(Default)]
 pub(crate) struct EventAcks {
-    unacked: AtomicU32,
-    /// Set once the CQ's destruction began: events are then acknowledged
-    /// as they are read.
-    closing: AtomicBool,
+    word: AtomicU32,
 }
 
 impl EventAcks {
-    /// One event of `cq` was read.
+    /// One event of `cq` was read: counted, or acknowledged with the
+    /// batch it fills, or alone once the CQ is closing.
     ///
     /// # Safety
     /// `cq` is the live CQ whose `cq_context` is `self`, with this event
-    /// read and not yet counted.
+    /// read and neither counted nor acknowledged.
     #[inline]
     unsafe fn read(&self, cq: *mut sys::ibv_cq) {
-        let n = self.unacked.fetch_add(1, SeqCst) + 1;
-        if n >= BATCH || self.closing.load(SeqCst) {
-            // SAFETY: the caller's promise.
-            unsafe { self.ack_all(cq) };
-        }
-    }
-
-    /// Acknowledges every event counted so far.
-    ///
-    /// # Safety
-    /// `cq` is the live CQ whose `cq_context` is `self`.
-    #[cold]
-    unsafe fn ack_all(&self, cq: *mut sys::ibv_cq) {
-        let n = self.unacked.swap(0, SeqCst);
+        // `self` is alive until this event is counted or acknowledged (the
+        // module docs): no access to it follows the successful exchange.
+        let mut word = self.word.load(SeqCst);
+        let n = loop {
+            let (next, n) = match word {
+                w if w & CLOSING != 0 => break 1,
+                w if w + 1 >= BATCH => (0, w + 1),
+                w => (w + 1, 0),
+            };
+            match self.word.compare_exchange_weak(word, next, SeqCst, SeqCst) {
+                Ok(_) => break n,
+                Err(now) => word = now,
+            }
+        };
         if n > 0 {
-            // SAFETY: `cq` is live (the caller); these `n` events were read
-            // and counted once each, and the swap took them from the count.
+            // SAFETY: `cq` is live until these `n` events (this one among
+            // them) are acknowledged; each was read and is acknowledged
+            // here only (taken from the count, or never counted).
             unsafe { sys::ibv_ack_cq_events(cq, n) };
         }
     }
@@ -122,10 +132,12 @@ pub(crate) unsafe fn close(cq: *mut sys::ibv_cq) -> *mut EventAcks {
     if !acks.is_null() {
         // SAFETY: set by `attach`, freed only by `free` after the CQ is
         // destroyed.
-        let a = unsafe { &*acks };
-        a.closing.store(true, SeqCst);
-        // SAFETY: `cq` is live and `a` is its `EventAcks`.
-        unsafe { a.ack_all(cq) };
+        let n = unsafe { &*acks }.word.swap(CLOSING, SeqCst) & !CLOSING;
+        if n > 0 {
+            // SAFETY: `cq` is live; the swap took these `n` counted events,
+            // each read and not yet acknowledged.
+            unsafe { sys::ibv_ack_cq_events(cq, n) };
+        }
     }
     acks
 }
