@@ -124,28 +124,6 @@ impl CompletionChannel {
         Ok(CqEvent { cq })
     }
 
-    /// Reads one pending completion event without acknowledging it: the
-    /// notified CQ, or `None` when nothing is pending on a non-blocking
-    /// channel. The caller acknowledges it (`ibv_ack_cq_events`) before the
-    /// CQ can be destroyed.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn read_event_unacked(&self) -> Result<Option<*mut sys::ibv_cq>> {
-        let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
-        let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: the channel is live; both out-pointers are valid.
-        let rc = unsafe { sys::ibv_get_cq_event(self.as_ptr(), &mut cq, &mut ctx) };
-        if rc == 0 {
-            return Ok(Some(cq));
-        }
-        match crate::error::last_errno(libc::EIO) {
-            libc::EAGAIN => Ok(None),
-            errno => Err(crate::error::Error::Verb {
-                verb: "ibv_get_cq_event",
-                errno,
-            }),
-        }
-    }
-
     /// Destroys the channel now; [`Error::InUse`](crate::Error::InUse) while clones or CQs use it.
     #[doc(alias = "ibv_destroy_comp_channel")]
     pub fn close(self) -> Result<()> {

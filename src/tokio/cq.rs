@@ -11,11 +11,6 @@ use crate::channel::CompletionChannel;
 use crate::context::Context;
 use crate::cq::{CompletionQueue, WorkCompletion};
 use crate::error::Result;
-use crate::sys;
-
-/// Events read but not acknowledged yet are acknowledged once this many
-/// have gathered (and when the [`AsyncCq`] is dropped).
-const ACK_BATCH: u32 = 64;
 
 /// The longest busy-poll [`AsyncCq::set_busy_poll`] takes.
 const MAX_SPIN: Duration = Duration::from_millis(10);
@@ -73,8 +68,6 @@ struct Waiter {
     cq: CompletionQueue,
     /// Whether `ibv_req_notify_cq` was called since the last event read.
     armed: bool,
-    /// Events read and not yet acknowledged.
-    unacked: u32,
     spin: Spin,
     /// When the last wait went to sleep (only with a busy-poll limit).
     slept_at: Option<Instant>,
@@ -117,7 +110,6 @@ impl AsyncCq {
                 fd,
                 cq,
                 armed: false,
-                unacked: 0,
                 spin: Spin {
                     limit: Duration::ZERO,
                     now: Duration::ZERO,
@@ -284,12 +276,13 @@ impl Waiter {
                     // is harmless: the kernel counts events for
                     // `ibv_destroy_cq` as they are read, and frees unread
                     // ones with the CQ.
-                    let read = guard.get_inner().read_event_unacked();
+                    // Acknowledged in the CQ's batches (`channel/acks.rs`).
+                    let read = guard.get_inner().get_event();
                     guard.clear_ready();
                     drop(guard);
                     match read {
-                        Ok(Some(_)) => self.events_read(1),
-                        Ok(None) => {}
+                        Ok(_) => self.event_read(),
+                        Err(e) if e.errno() == Some(libc::EAGAIN) => {}
                         Err(e) => return Poll::Ready(Err(e)),
                     }
                 }
@@ -297,15 +290,10 @@ impl Waiter {
         }
     }
 
-    /// Accounts `read` events just read: the CQ is no longer armed, and the
-    /// events are acknowledged once [`ACK_BATCH`] have gathered.
+    /// Accounts an event just read: the CQ is no longer armed.
     #[inline]
-    fn events_read(&mut self, read: u32) {
+    fn event_read(&mut self) {
         self.armed = false;
-        self.unacked += read;
-        if self.unacked >= ACK_BATCH {
-            self.ack();
-        }
         if let Some(t) = self.slept_at.take() {
             if t.elapsed() <= self.spin.limit {
                 self.spin.now = self.spin.limit;
@@ -335,16 +323,6 @@ impl Waiter {
             }
         }
     }
-
-    /// Acknowledges the events read so far.
-    fn ack(&mut self) {
-        if self.unacked > 0 {
-            // SAFETY: the CQ is live and `unacked` events were read for it
-            // from its own channel and not yet acknowledged.
-            unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), self.unacked) };
-            self.unacked = 0;
-        }
-    }
 }
 
 impl futures_core::Stream for AsyncCq {
@@ -372,19 +350,11 @@ impl futures_core::Stream for AsyncCq {
     }
 }
 
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        // `ibv_destroy_cq` waits until every event read is acknowledged.
-        self.ack();
-    }
-}
-
 impl fmt::Debug for AsyncCq {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AsyncCq")
             .field("cq", &self.w.cq)
             .field("armed", &self.w.armed)
-            .field("unacked", &self.w.unacked)
             .field("buffered", &self.len)
             .field("busy_poll", &self.w.spin.limit)
             .finish()

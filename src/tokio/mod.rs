@@ -28,9 +28,10 @@
 //! if empty, arm (`ibv_req_notify_cq`); poll again; only if that is empty
 //! too, sleep on the descriptor. Whatever arrived before the arm is found by
 //! the second poll, whatever arrives after it makes the descriptor readable.
-//! Events are read without blocking and acknowledged in batches
+//! Events are read without blocking and acknowledged in the CQ's batches
 //! (`ibv_ack_cq_events` takes a mutex; the CQ cannot be destroyed with
-//! events unacknowledged, so dropping an [`AsyncCq`] acknowledges the rest).
+//! events unacknowledged, so its destruction acknowledges the rest first:
+//! `src/channel/acks.rs`).
 //!
 //! # Cancellation
 //!
