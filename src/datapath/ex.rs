@@ -1,8 +1,8 @@
 //! Extended queue pairs (`ibv_create_qp_ex`) and the `ibv_wr_*` batch: see [`WrBatch`].
 use std::ptr::NonNull;
 
-use super::check::SendFacts;
 use super::completed::Completed;
+use super::post::SendFacts;
 use super::post::{fail, lend_send, send_queue_full, tags_exhausted};
 use super::request::{SendOp, SendWr, MAX_SGE};
 use super::{PostError, QpInitAttr, QpType, QueuePair};

@@ -14,26 +14,29 @@
 //!
 //! # One send, from post to reclaim
 //!
-//! 1. `datapath/post.rs`: [`QueuePair::post_send`] makes the [`SendHalf`] of the
-//!    call (`datapath/halves.rs`: the QP's `QpCommon` and its [`SendQueue`],
-//!    `datapath/queues.rs`) and calls [`SendHalf::post_send`].
-//! 2. `datapath/halves.rs`: the QP's known state and a leaked batch are read
-//!    (one atomic load, one flag); the call goes to `post_chain`.
-//! 3. `datapath/chain.rs`: `post_chain`, the one post loop: per request the
-//!    fast check (`SendFacts::fast`, `datapath/check.rs`), the raw request
-//!    filled in the call's `Stack` (`fill_send`, `datapath/post.rs`), the
-//!    request's `Loan` (its chunks, `datapath/entries.rs`) moved into the
-//!    `Ledger` (`datapath/ledger.rs`), whose tag becomes the `wr_id`; then one
-//!    `ibv_post_send`. A refusal or a panicking iterator takes the call's
-//!    requests back out (`Chain`'s undo).
-//! 4. `datapath/reclaim.rs`: [`QueuePair::reclaim`] routes the completion by its
-//!    tag's kind (`QueuePair::route`, here) to the send half, whose
+//! 1. `post.rs`: [`QueuePair::post_send`] makes the [`SendHalf`] of the
+//!    call (`halves.rs`: the QP's `QpCommon` and its [`SendQueue`],
+//!    `queues.rs`) and calls [`SendHalf::post_send`].
+//! 2. `halves.rs`: the QP's known state and a leaked batch are read (one
+//!    atomic load, one flag); the call goes to `post_chain`.
+//! 3. `chain.rs`: `post_chain`, the one post loop: per request the fast
+//!    check (`SendFacts`, `post.rs`), the raw request filled on the call's
+//!    stack (`fill_send`, `post.rs`), the request's `Loan` (its chunks,
+//!    `entries.rs`) moved into the `Ledger` (`ledger.rs`), whose tag
+//!    becomes the `wr_id`; then one `ibv_post_send`. A refusal or a
+//!    panicking iterator takes the call's requests back out (`Chain`'s
+//!    undo).
+//! 4. `reclaim.rs`: [`QueuePair::reclaim`] routes the completion by its
+//!    tag's kind (`route`, `halves.rs`) to the send half, whose
 //!    `SendQueue::complete` takes the requests it ends out of the ledger
-//!    and hands each back as a [`Completed`] (`datapath/completed.rs`).
+//!    and hands each back as a [`Completed`] (`completed.rs`).
 //!
-//! Seven files (`post.rs`, `halves.rs`, `queues.rs`, `chain.rs`,
-//! `check.rs`, `entries.rs`, `ledger.rs`) to the provider, three more
-//! back (`reclaim.rs`, `completed.rs`, `ledger.rs` again).
+//! Eight files of `datapath/` (`post.rs`, `halves.rs`, `queues.rs`,
+//! `chain.rs`, `entries.rs`, `ledger.rs`, `reclaim.rs`, `completed.rs`)
+//! and fifteen names: `QueuePair::post_send`, `SendHalf`, `QpCommon`,
+//! `SendQueue`, `post_chain`, `SendFacts`, `fill_send`, `Loan`, `Ledger`,
+//! the tag, `Chain`, `QueuePair::reclaim`, `route`,
+//! `SendQueue::complete`, `Completed`.
 //!
 //! # Why two halves on two threads are sound
 //!

@@ -9,11 +9,11 @@
 //! threads with no lock of the crate's between them.
 
 use super::chain::Scratch;
-use super::check::{RecvFacts, SendFacts};
 use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
 use super::ledger::{Kind, Ledger, RecvLedger, Released, SendLedger};
 use super::pin::Pin;
+use super::post::{RecvFacts, SendFacts};
 use super::recv_buffers::PoolPin;
 use super::{QpCaps, QpType};
 use crate::sys;

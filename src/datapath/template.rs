@@ -287,17 +287,17 @@ impl QueuePair {
         signaled: bool,
     ) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_send";
-        if let Some(e) = self.template_refusal(t, VERB) {
-            return Err(refused_one(e));
-        }
+        // A template of this QP, a state that takes sends, and room: the
+        // common case. Anything else takes `post_template`'s path, which
+        // refuses it with the reason: the one refusal of template posts.
+        let (state, id) = (self.state(), self.id());
         let qp = self.as_ptr();
         let p = &mut self.pending_mut().send;
-        if p.ledger.room() == 0 {
-            let held = p.ledger.len();
-            return Err(refused_one(super::post::send_queue_full(VERB, 1, 0, held)));
+        if t.qp != id || p.batch_open || !super::post::sends_in(state) || p.ledger.room() == 0 {
+            return self.post_template_refused(t, wr_id, signaled);
         }
         let Some(tag) = p.ledger.insert_made(wr_id, || Loan::Empty) else {
-            return Err(refused_one(Error::TagsExhausted { verb: VERB }));
+            return self.post_template_refused(t, wr_id, signaled);
         };
         // The ledger keeps the request from here on, whatever the provider
         // says: the QP keeps the source until it is no longer outstanding
@@ -328,6 +328,20 @@ impl QueuePair {
             return Err(provider_failed(VERB, rc, 1));
         }
         Ok(())
+    }
+
+    /// [`post_template_one`](Self::post_template_one)'s request that the
+    /// common case does not take: `post_template` refuses it with the
+    /// reason, nothing recorded or posted.
+    #[cold]
+    #[inline(never)]
+    fn post_template_refused(
+        &mut self,
+        t: &SendTemplate,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), PostError> {
+        self.post_template(t, std::iter::once((wr_id, signaled)))
     }
 
     /// Why template `t` cannot be posted here now, if it cannot (the
@@ -409,11 +423,4 @@ impl QueuePair {
             )),
         }
     }
-}
-
-/// A single request refused before anything was recorded.
-#[cold]
-#[inline(never)]
-fn refused_one(error: Error) -> PostError {
-    super::post::fail(error, 0, Vec::new())
 }

@@ -5,13 +5,13 @@
 use std::ffi::c_int;
 
 use super::super::chain::{post_chain, Chain, Room, Scratch, Stack};
-use super::super::check::RecvFacts;
 use super::super::completed::PostError;
 use super::super::entries::Loan;
 use super::super::ledger::RecvLedger;
 use super::super::request::RecvWr;
 use super::super::QueuePair;
 use super::fail;
+use super::RecvFacts;
 use crate::error::Error;
 use crate::sys;
 
