@@ -302,18 +302,17 @@ impl QueuePair {
             return Err(e);
         }
         let checks = self.pending().send.facts;
-        let p = &mut self.pending_mut().send;
-        p.batch = 0;
-        p.batch_open = true;
+        self.known().lock_sends();
         // SAFETY: a live extended QP; no batch is open on it (a live batch
-        // borrows the QP mutably; a leaked one left `batch_open` set, which
-        // refused above).
+        // borrows the QP mutably; a leaked one left the known state's
+        // send-queue lock set, which refused above).
         unsafe { sys::ibv_wr_start(ex.ptr.as_ptr()) };
         Ok(WrBatch {
             qp: self,
             ex,
             checks,
             open: true,
+            n: 0,
         })
     }
 }
@@ -393,13 +392,15 @@ pub struct WrBatch<'q> {
     ex: QpEx,
     checks: SendFacts,
     open: bool,
+    /// How many requests the batch holds (the newest in the ledger).
+    n: usize,
 }
 
 impl WrBatch<'_> {
     /// How many requests the batch holds so far.
     #[inline]
     pub fn len(&self) -> usize {
-        self.qp.pending().send.batch
+        self.n
     }
 
     /// Whether the batch holds no request yet.
@@ -531,7 +532,7 @@ impl WrBatch<'_> {
                 (None, n) => sys::ibv_wr_set_sge_list(ex, n, sge.as_ptr()),
             }
         }
-        self.qp.pending_mut().send.batch += 1;
+        self.n += 1;
         Ok(())
     }
 
@@ -589,7 +590,7 @@ impl WrBatch<'_> {
             (*ex).wr_flags = bind.send_flags();
             sys::ibv_wr_bind_mw(ex, raw_mw, rkey, &info);
         }
-        self.qp.pending_mut().send.batch += 1;
+        self.n += 1;
         Ok(rkey)
     }
 
@@ -618,7 +619,7 @@ impl WrBatch<'_> {
             (*ex).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
             sys::ibv_wr_local_inv(ex, rkey);
         }
-        self.qp.pending_mut().send.batch += 1;
+        self.n += 1;
         Ok(())
     }
 
@@ -650,10 +651,9 @@ impl WrBatch<'_> {
         let n = self.len();
         // SAFETY: the batch is open on this live extended QP; this ends it.
         let rc = unsafe { sys::ibv_wr_complete(self.ptr()) };
-        let p = &mut self.qp.pending_mut().send;
-        p.batch = 0;
+        self.n = 0;
         // The provider released its lock, whatever `rc` says.
-        p.batch_open = false;
+        self.qp.known().unlock_sends();
         crate::error::check_rc("ibv_wr_complete", rc)
             .map(|_| ())
             .map_err(|e| fail(e, n, Vec::new()))
@@ -676,11 +676,11 @@ impl WrBatch<'_> {
         // SAFETY: the batch is open on this live extended QP; this ends it,
         // and the provider discards what the batch prepared.
         unsafe { sys::ibv_wr_abort(self.ptr()) };
+        self.qp.known().unlock_sends();
         let p = &mut self.qp.pending_mut().send;
-        p.batch_open = false;
-        let mut undone = Vec::with_capacity(p.batch);
+        let mut undone = Vec::with_capacity(self.n);
         // Newest first: the batch's requests are the ledger's newest.
-        for _ in 0..std::mem::take(&mut p.batch) {
+        for _ in 0..std::mem::take(&mut self.n) {
             if let Some((wr_id, loan, mw_loan)) = p.undo_newest() {
                 if let Some(l) = mw_loan {
                     l.restore();

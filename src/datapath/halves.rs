@@ -17,8 +17,9 @@
 //! 1. `post.rs`: [`QueuePair::post_send`] makes the [`SendHalf`] of the
 //!    call (`halves.rs`: the QP's `QpCommon` and its [`SendQueue`],
 //!    `queues.rs`) and calls [`SendHalf::post_send`].
-//! 2. `halves.rs`: the QP's known state and a leaked batch are read (one
-//!    atomic load, one flag); the call goes to `post_chain`.
+//! 2. `halves.rs`: the QP's known state is read (one atomic load, which
+//!    also says whether a leaked batch holds the send-queue lock); the
+//!    call goes to `post_chain`.
 //! 3. `chain.rs`: `post_chain`, the one post loop: per request the fast
 //!    check (`SendFacts`, `post.rs`), the raw request filled on the call's
 //!    stack (`fill_send`, `post.rs`), the request's `Loan` (its chunks,
@@ -235,8 +236,8 @@ impl<'q> SendHalf<'q> {
         I: IntoIterator<Item = SendWr<'a>>,
     {
         const VERB: &str = "ibv_post_send";
-        if self.q.batch_open || !super::post::sends_in(self.qp.state()) {
-            let error = send_refusal(VERB, self.q.batch_open, self.qp.state());
+        if !self.qp.known.sends() {
+            let error = send_refusal(VERB, &self.qp.known);
             return refuse_all(error, wrs.into_iter(), |w, out| w.data.give_back(out));
         }
         let raw = self.qp.as_ptr();

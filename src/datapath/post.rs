@@ -156,39 +156,33 @@ pub(crate) fn leaked_batch(verb: &'static str) -> Error {
     }
 }
 
-/// Whether sends may be posted in `state` (RTS, SQD, SQE or ERR).
-#[inline]
-pub(super) fn sends_in(state: QpState) -> bool {
-    matches!(
-        state,
-        QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err
-    )
-}
-
 impl QueuePair {
     /// The refusal of a send (`post_send`, a batch, a memory-window bind or
     /// invalidation) from the QP's known state, or because a leaked batch
     /// holds the provider's send-queue lock.
     #[inline]
     pub(crate) fn send_refusal(&self, verb: &'static str) -> Option<Error> {
-        let (open, state) = (self.pending().send.batch_open, self.state());
-        if open || !sends_in(state) {
-            return send_refusal(verb, open, state);
+        if !self.known().sends() {
+            return send_refusal(verb, self.known());
         }
         None
     }
 }
 
 /// The refusal of a send because a leaked batch holds the provider's
-/// send-queue lock (`batch_open`), or in `state` (sends need RTS, SQD,
-/// SQE or ERR).
+/// send-queue lock, or in the known state (sends need RTS, SQD, SQE or
+/// ERR); `None` if neither holds any more.
 #[cold]
 #[inline(never)]
-pub(super) fn send_refusal(verb: &'static str, batch_open: bool, state: QpState) -> Option<Error> {
-    if batch_open {
+pub(super) fn send_refusal(verb: &'static str, known: &crate::qp::Known) -> Option<Error> {
+    if known.sends_locked() {
         return Some(leaked_batch(verb));
     }
-    if sends_in(state) {
+    let state = known.state();
+    if matches!(
+        state,
+        QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err
+    ) {
         return None;
     }
     Some(Error::QpState {

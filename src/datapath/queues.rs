@@ -31,14 +31,6 @@ pub(crate) struct SendQueue {
     pub(super) released: Vec<Completed>,
     pub(super) scratch: Scratch<sys::ibv_send_wr>,
     pub(super) facts: SendFacts,
-    /// How many requests the open `ibv_wr_*` batch holds (the newest in
-    /// the ledger).
-    pub(super) batch: usize,
-    /// Between `ibv_wr_start` and `ibv_wr_complete`/`ibv_wr_abort`: the
-    /// provider holds the send queue's lock. Still set when no batch is
-    /// alive means the `WrBatch` was leaked (`mem::forget`): the lock is
-    /// held for good, so nothing may take it again.
-    pub(crate) batch_open: bool,
     /// The QP's record of each [`SendTemplate`](super::SendTemplate) it
     /// posted from, which keeps the source alive while a request from it
     /// may be outstanding (see [`Pin`]), so that those requests' ledger
@@ -91,8 +83,6 @@ impl Pending {
                 released: Vec::new(),
                 scratch: Scratch::new(),
                 facts,
-                batch: 0,
-                batch_open: false,
                 pins: Vec::new(),
             },
             recv: RecvQueue {
@@ -160,8 +150,6 @@ impl SendQueue {
             released: Vec::new(),
             scratch: Scratch::new(),
             facts: self.facts,
-            batch: 0,
-            batch_open: self.batch_open,
             pins: Vec::new(),
         }
     }

@@ -290,10 +290,10 @@ impl QueuePair {
         // A template of this QP, a state that takes sends, and room: the
         // common case. Anything else takes `post_template`'s path, which
         // refuses it with the reason: the one refusal of template posts.
-        let (state, id) = (self.state(), self.id());
+        let (sends, id) = (self.known().sends(), self.id());
         let qp = self.as_ptr();
         let p = &mut self.pending_mut().send;
-        if t.qp != id || p.batch_open || !super::post::sends_in(state) || p.ledger.room() == 0 {
+        if t.qp != id || !sends || p.ledger.room() == 0 {
             return self.post_template_refused(t, wr_id, signaled);
         }
         let Some(tag) = p.ledger.insert_made(wr_id, || Loan::Empty) else {

@@ -137,9 +137,9 @@ fn check_range(region: usize, offset: usize, len: usize) -> Result<()> {
 /// Outside a batch, a bind, unbind or invalidation is posted on its own,
 /// which takes the provider's send-queue lock: refused while a leaked
 /// [`WrBatch`](crate::qp::WrBatch) holds it. (A live batch borrows the QP,
-/// so only a leaked one can leave `batch_open` set here.)
+/// so only a leaked one can leave the known state's lock set here.)
 pub(super) fn not_in_leaked_batch(verb: &'static str, qp: &QueuePair) -> Result<()> {
-    if qp.pending().send.batch_open {
+    if qp.known().sends_locked() {
         return Err(crate::datapath::leaked_batch(verb));
     }
     Ok(())

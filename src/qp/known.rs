@@ -14,8 +14,10 @@
 //!   and the context keeps a registry from pointer to the QP's [`Known`];
 //! * [`QueuePair::resync`](super::QueuePair::resync).
 //!
-//! The state is one atomic word: the state and a generation that every
-//! move the crate makes bumps. An event is read by another thread at any
+//! The state is one atomic word: the state, whether a leaked
+//! [`WrBatch`](crate::qp::WrBatch) holds the provider's send-queue lock
+//! (the send path's other refusal, so that a post reads one word), and a
+//! generation that every move the crate makes bumps. An event is read by another thread at any
 //! later time, possibly after the owner has reset the QP and brought it
 //! back up, so it never stores "ERR" blindly: it reads the QP's state from
 //! the device (the QP stays alive until the event is acknowledged) and
@@ -31,13 +33,17 @@ use crate::context::Context;
 use crate::sys;
 use crate::users::{Tally, UserKind};
 
-/// The low byte of the word: the state.
-const STATE: u64 = 0xff;
+/// The low seven bits of the word: the state.
+const STATE: u64 = 0x7f;
+
+/// Set while an `ibv_wr_*` batch holds the provider's send-queue lock (for
+/// good once the batch was leaked): no send may take the lock.
+const SEND_LOCKED: u64 = 0x80;
 
 /// A QP's known state, shared by the QP, its CM id (for a CM QP) and the
 /// context's registry.
 pub(crate) struct Known {
-    /// `generation << 8 | state`.
+    /// `generation << 8 | SEND_LOCKED? | state`.
     word: AtomicU64,
 }
 
@@ -55,14 +61,45 @@ impl Known {
         QpState::from_raw(raw).unwrap_or(QpState::Unknown)
     }
 
+    /// Whether a send may be posted: the state is RTS, SQD, SQE or ERR and
+    /// no batch holds the send-queue lock. One load and one compare: the
+    /// low byte is the state alone (3 to 6) only while the lock is free.
+    #[inline(always)]
+    pub(crate) fn sends(&self) -> bool {
+        let low = self.word.load(Ordering::Acquire) & (STATE | SEND_LOCKED);
+        // RTS, SQD, SQE, ERR: consecutive in `enum ibv_qp_state`.
+        const RTS: u64 = sys::ibv_qp_state::IBV_QPS_RTS as u64;
+        const ERR: u64 = sys::ibv_qp_state::IBV_QPS_ERR as u64;
+        const _: () = assert!(ERR - RTS == 3);
+        low.wrapping_sub(RTS) <= ERR - RTS
+    }
+
+    /// Whether a batch holds the provider's send-queue lock (see
+    /// [`lock_sends`](Self::lock_sends)).
+    pub(crate) fn sends_locked(&self) -> bool {
+        self.word.load(Ordering::Acquire) & SEND_LOCKED != 0
+    }
+
+    /// An `ibv_wr_*` batch took the provider's send-queue lock
+    /// (`ibv_wr_start`): sends are refused until
+    /// [`unlock_sends`](Self::unlock_sends), for good if the batch is leaked.
+    pub(crate) fn lock_sends(&self) {
+        self.word.fetch_or(SEND_LOCKED, Ordering::AcqRel);
+    }
+
+    /// The batch released the lock (`ibv_wr_complete`, `ibv_wr_abort`).
+    pub(crate) fn unlock_sends(&self) {
+        self.word.fetch_and(!SEND_LOCKED, Ordering::AcqRel);
+    }
+
     /// Records a move made by (or proved to) the crate, with a new
-    /// generation.
+    /// generation (the send-queue lock is not a move: it stays).
     pub(crate) fn set(&self, state: QpState) {
         let s = u64::from(state.as_raw()) & STATE;
         let _ = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                Some(((w >> 8).wrapping_add(1) << 8) | s)
+                Some(((w >> 8).wrapping_add(1) << 8) | (w & SEND_LOCKED) | s)
             });
     }
 
@@ -314,10 +351,40 @@ mod tests {
     }
 
     #[test]
+    fn sends_are_taken_in_rts_to_err_with_the_send_queue_lock_free() {
+        let k = Known::new(QpState::Reset);
+        for (state, sends) in [
+            (QpState::Reset, false),
+            (QpState::Init, false),
+            (QpState::Rtr, false),
+            (QpState::Rts, true),
+            (QpState::Sqd, true),
+            (QpState::Sqe, true),
+            (QpState::Err, true),
+            (QpState::Unknown, false),
+        ] {
+            k.set(state);
+            assert_eq!(k.sends(), sends, "{state:?}");
+            // A batch's lock refuses every send and survives every move
+            // the crate records or reads from the device.
+            k.lock_sends();
+            assert!(!k.sends() && k.sends_locked(), "{state:?} locked");
+            assert_eq!(k.state(), state);
+            k.set(QpState::Rts);
+            k.follow_device(|| Some(QpState::Sqd));
+            assert!(!k.sends() && k.sends_locked(), "{state:?}: the lock stays");
+            assert_eq!(k.state(), QpState::Sqd);
+            k.unlock_sends();
+            assert!(k.sends() && !k.sends_locked());
+        }
+    }
+
+    #[test]
     fn generations_wrap() {
         let k = Known::new(QpState::Init);
-        k.word.store(!STATE, Ordering::Relaxed);
+        k.word.store(!(STATE | SEND_LOCKED), Ordering::Relaxed);
         k.set(QpState::Rtr);
         assert_eq!(k.state(), QpState::Rtr);
+        assert!(!k.sends_locked());
     }
 }

@@ -616,8 +616,8 @@ impl QueuePair {
         self.inner
     }
 
-    /// The known state's shared cell (for the CM id of a CM QP).
-    #[cfg(feature = "cm")]
+    /// The known state's shared cell (for the CM id of a CM QP, and the
+    /// send-queue lock of a batch).
     pub(crate) fn known(&self) -> &std::sync::Arc<Known> {
         &self.known
     }

@@ -153,7 +153,7 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
         pd,
         cq: _cq,
         mut a,
-        b: _b,
+        b: mut peer,
     } = crate::common::ex_rc_pair(env, AccessFlags::empty())?;
     let mut c = chunks(&pd, 4)?;
     let mut batch = a.start_batch()?;
@@ -175,6 +175,16 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
         .bind_mw(&mut mw, &MwBind::new(&mr, 0, 64, AccessFlags::REMOTE_READ)?)
         .expect_err("a bind after a leaked batch");
     ensure!(is_leaked(&e.error), "bind_mw: {}", e.error);
+    // Template posts, the one-request path included, are refused the same.
+    let t = a.send_template(SendOp::Send, None)?;
+    let e = a
+        .post_template_one(&t, 4, true)
+        .expect_err("a template post after a leaked batch");
+    ensure!(is_leaked(&e.error), "post_template_one: {}", e.error);
+    let e = a
+        .post_template(&t, [(5, true)])
+        .expect_err("template posts after a leaked batch");
+    ensure!(is_leaked(&e.error), "post_template: {}", e.error);
     ensure!(a.outstanding_sends() == 1, "refusals posted nothing");
 
     // Receives take another lock: they still work.
@@ -186,6 +196,36 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
     ensure!(back.len() == 2, "{} requests back from RESET", back.len());
     let e = a.start_batch().expect_err("a batch after RESET");
     ensure!(is_leaked(&e), "start_batch after RESET: {e}");
+    // The lock is the QP's: a send half, owned or borrowed, refuses too,
+    // and so does the QP brought back up to RTS.
+    let (mut tx, rx) = a.into_split();
+    let e = tx
+        .half()
+        .post_send([SendWr::new(6, SendOp::Send).sge(c.pop().unwrap())])
+        .expect_err("an owned half's send after a leaked batch");
+    ensure!(is_leaked(&e.error), "owned half: {}", e.error);
+    let mut a = tx.reunite(rx).map_err(|e| e.to_string())?;
+    let (mut tx, _rx) = a.split();
+    let e = tx
+        .post_send(
+            e.returned
+                .into_iter()
+                .map(|c| SendWr::new(7, SendOp::Send).sge(c)),
+        )
+        .expect_err("a borrowed half's send after a leaked batch");
+    ensure!(is_leaked(&e.error), "borrowed half: {}", e.error);
+    drop(tx);
+    peer.reset()?;
+    connect(env, &mut a, &mut peer, AccessFlags::empty())?;
+    ensure!(a.state() == QpState::Rts, "{:?}", a.state());
+    let e = a
+        .post_send(
+            e.returned
+                .into_iter()
+                .map(|c| SendWr::new(8, SendOp::Send).sge(c)),
+        )
+        .expect_err("a send in RTS again after a leaked batch");
+    ensure!(is_leaked(&e.error), "RTS again: {}", e.error);
     drop(mw);
     a.close()?;
     Ok(())
