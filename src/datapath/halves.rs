@@ -142,7 +142,10 @@ impl QpCommon {
     }
 
     /// Whether completion `wc` may be this QP's: it names this QP's number
-    /// or none.
+    /// or none. Needed only for SRQ receives: a send or receive tag ends
+    /// something only on the queue that issued its stamp (unique in the
+    /// process), while an SRQ's receive may complete on any QP of the SRQ,
+    /// and the QP the completion names is the one whose state it moves.
     #[inline(always)]
     fn names_us<C: Completion + ?Sized>(&self, wc: &C) -> bool {
         wc.local_qp_num().is_none_or(|n| n == self.qp_num())
@@ -341,8 +344,9 @@ impl<'q> SendHalf<'q> {
         wc: &C,
         on: impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
+        // The stamp alone proves the QP (see `QpCommon::names_us`).
         let tag = wc.tag();
-        if !self.qp.names_us(wc) || Kind::of(tag) != Some(Kind::Send) {
+        if Kind::of(tag) != Some(Kind::Send) {
             return 0;
         }
         self.ended::<C, QUIET>(wc, tag, on)
@@ -508,13 +512,10 @@ impl<'q> RecvHalf<'q> {
         wc: &C,
         on: impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
-        if !self.qp.names_us(wc) {
-            return 0;
-        }
         let tag = wc.tag();
         match Kind::of(tag) {
             Some(Kind::Recv) => self.ended(wc, tag, Kind::Recv, on),
-            Some(Kind::Srq) => self.ended(wc, tag, Kind::Srq, on),
+            Some(Kind::Srq) if self.qp.names_us(wc) => self.ended(wc, tag, Kind::Srq, on),
             _ => 0,
         }
     }
@@ -677,17 +678,17 @@ impl QueuePair {
         on: impl FnMut(u64, bool, Kind, Loan),
     ) -> usize {
         let (shared, send, recv) = self.queues();
-        if !shared.names_us(wc) {
-            return 0;
-        }
         let tag = wc.tag();
         // Each kind a constant in its arm, so that `ended` folds its own
-        // match on it.
+        // match on it. Only an SRQ's receive needs the QP's number (see
+        // `QpCommon::names_us`).
         match Kind::of(tag) {
             Some(Kind::Send) => SendHalf::new(shared, send).ended::<C, QUIET>(wc, tag, on),
             Some(Kind::Recv) => RecvHalf::new(shared, recv).ended(wc, tag, Kind::Recv, on),
-            Some(Kind::Srq) => RecvHalf::new(shared, recv).ended(wc, tag, Kind::Srq, on),
-            None => 0,
+            Some(Kind::Srq) if shared.names_us(wc) => {
+                RecvHalf::new(shared, recv).ended(wc, tag, Kind::Srq, on)
+            }
+            _ => 0,
         }
     }
 

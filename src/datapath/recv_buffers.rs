@@ -486,16 +486,15 @@ impl RecvBuffers {
     pub fn take<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         let tag = wc.wr_id();
         // The common case straight on: a receive of the QP's own queue
-        // that is one of this pool's buffers.
-        if !Kind::Recv.tags(tag) || wc.qp_num() != qp.qp_num() {
-            return self.take_routed(qp, wc);
-        }
+        // that is one of this pool's buffers. The ledger takes only a tag
+        // of its own kind and stamp (unique in the process), which proves
+        // the completion is this QP's: no QP number to compare.
         let id = self.id;
         let p = qp.pending_mut();
         let Some(wr_id) = p.recv.ledger.take_if(tag, |load, wr_id| {
             matches!(load, Loan::Pooled) && (wr_id >> 32) as u32 == id
         }) else {
-            return self.take_other(qp, wc);
+            return self.take_not_mine(qp, wc);
         };
         // The pool lives (this is its call): its pin stays, for its next
         // post, and needs nothing.
@@ -532,9 +531,23 @@ impl RecvBuffers {
         }
     }
 
+    /// [`take`](Self::take) of a completion that is not a posted buffer of
+    /// this pool on `qp`'s own receive queue: a receive of that queue goes
+    /// to [`take_other`](Self::take_other), anything else (an SRQ's
+    /// receive, a send, another QP's) to [`take_routed`](Self::take_routed).
+    #[cold]
+    #[inline(never)]
+    fn take_not_mine<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
+        if Kind::Recv.tags(wc.wr_id()) && wc.qp_num() == qp.qp_num() {
+            self.take_other(qp, wc)
+        } else {
+            self.take_routed(qp, wc)
+        }
+    }
+
     /// [`take`](Self::take) of a receive of the QP's own queue that is not
     /// one of this pool's buffers (or ends nothing).
-    #[inline(never)]
+    #[inline(always)]
     fn take_other<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         let Some(r) = qp.pending_mut().recv.take(wc.wr_id()) else {
             return Taken::Nothing;
@@ -546,7 +559,7 @@ impl RecvBuffers {
 
     /// [`take`](Self::take) of any other completion (an SRQ's receive, a
     /// send, another QP's): routed as [`QueuePair::reclaim_one`] routes it.
-    #[inline(never)]
+    #[inline(always)]
     fn take_routed<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         if !matches!(Kind::of(wc.wr_id()), Some(Kind::Recv | Kind::Srq)) {
             return match qp.reclaim_one(wc) {

@@ -28,6 +28,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         srq_and_qp_completions_never_cross,
     ),
     (
+        "adversarial::another_qps_completions_end_nothing_here",
+        another_qps_completions_end_nothing_here,
+    ),
+    (
         "adversarial::foreign_pd_and_too_many_sges_are_refused_whole",
         foreign_pd_and_too_many_sges_are_refused_whole,
     ),
@@ -84,6 +88,93 @@ fn chunks_of(qp: &mut QueuePair, wc: &WorkCompletion) -> Vec<(u64, Chunk)> {
         back.extend(d.chunks().map(|c| (id, c)));
     });
     back
+}
+
+/// Offers completion `wc`, which is not `qp`'s, to every way `qp` and
+/// `pool` (posted to `qp`) take completions back: none may end anything,
+/// or move `qp`'s known state.
+fn ends_nothing(
+    qp: &mut QueuePair,
+    pool: &mut RecvBuffers,
+    wc: &WorkCompletion,
+) -> Result<(), Failed> {
+    let (state, sends, recvs) = (qp.state(), qp.outstanding_sends(), qp.outstanding_recvs());
+    let what = format!("{:?} of QP {:#x}", wc.status(), wc.qp_num());
+    ensure!(qp.reclaim(wc, |_| {}) == 0, "reclaim ended {what}");
+    ensure!(qp.reclaim_one(wc).is_none(), "reclaim_one ended {what}");
+    ensure!(
+        qp.reclaim_chunks(wc, &mut Vec::new()) == 0,
+        "reclaim_chunks ended {what}"
+    );
+    match pool.take(qp, wc) {
+        Taken::Nothing => {}
+        other => return Err(format!("the pool took {what}: {other:?}").into()),
+    }
+    let (mut tx, mut rx) = qp.split();
+    ensure!(tx.reclaim(wc, |_| {}) == 0, "the send half ended {what}");
+    ensure!(rx.reclaim(wc, |_| {}) == 0, "the receive half ended {what}");
+    ensure!(
+        (qp.state(), qp.outstanding_sends(), qp.outstanding_recvs()) == (state, sends, recvs),
+        "{what} changed the QP: {:?}, {} sends, {} receives",
+        qp.state(),
+        qp.outstanding_sends(),
+        qp.outstanding_recvs()
+    );
+    Ok(())
+}
+
+/// Every completion of one QP (sends, receives into a pool and into
+/// chunks, successful and flushed) offered to another QP of the same CQ,
+/// through `reclaim`, `reclaim_one`, `reclaim_chunks`, its halves and its
+/// pool's `take`, ends nothing there and leaves its state alone; the QP it
+/// is of then takes it, once. The QPs' numbers are not compared on this
+/// path: the tag's stamp, unique in the process, is what decides.
+fn another_qps_completions_end_nothing_here(env: &Env) -> Result<(), Failed> {
+    let Pair {
+        pd,
+        cq,
+        mut a,
+        mut b,
+    } = pair(env, AccessFlags::empty())?;
+    let (mut pool_a, mut pool_b) = (RecvBuffers::new(&pd, 2, 64)?, RecvBuffers::new(&pd, 2, 64)?);
+    pool_a.post(&mut a)?;
+    pool_b.post(&mut b)?;
+    b.post_recv([RecvWr::new(5).sge(chunk(&pd, 64, 0)?)])?;
+    a.post_send([SendWr::new(1, SendOp::Send).sge_len(chunk(&pd, 64, b'a')?, 8)])?;
+    b.post_send([SendWr::new(2, SendOp::Send).sge_len(chunk(&pd, 64, b'b')?, 8)])?;
+    let wcs = poll_n(&cq, 4)?;
+    for wc in &wcs {
+        ensure!(wc.is_success(), "{wc:?}");
+        let (mine, other, my_pool, other_pool) = if wc.qp_num() == a.qp_num() {
+            (&mut a, &mut b, &mut pool_a, &mut pool_b)
+        } else {
+            (&mut b, &mut a, &mut pool_b, &mut pool_a)
+        };
+        ends_nothing(other, other_pool, wc)?;
+        match my_pool.take(mine, wc) {
+            Taken::Mine(m) => ensure!(m.len() == 8, "{} bytes", m.len()),
+            Taken::Other(c) => ensure!(c.wr_id == 1 || c.wr_id == 2, "{c:?}"),
+            Taken::Nothing => return Err(format!("its own QP took nothing of {wc:?}").into()),
+        }
+        ensure!(mine.reclaim(wc, |_| {}) == 0, "taken twice: {wc:?}");
+    }
+    // A flushed completion: b in ERR, a send posted there flushes (the
+    // first completion may also be one of b's receives, on kernels whose
+    // rxe flushes receives in ERR: offered the same).
+    b.modify(&QpAttr::new().state(QpState::Err))?;
+    b.post_send([SendWr::new(3, SendOp::Send).sge_len(chunk(&pd, 64, b'c')?, 8)])?;
+    let flushed = poll_n(&cq, 1)?;
+    for wc in &flushed {
+        ensure!(!wc.is_success() && wc.qp_num() == b.qp_num(), "{wc:?}");
+        ends_nothing(&mut a, &mut pool_a, wc)?;
+        ensure!(
+            a.state() == QpState::Rts,
+            "b's flush moved a to {:?}",
+            a.state()
+        );
+        ensure!(b.reclaim(wc, |_| {}) == 1, "b's own flush: {wc:?}");
+    }
+    Ok(())
 }
 
 fn refused(r: Result<(), PostError>, what: &str) -> Result<(Error, Vec<Chunk>), Failed> {

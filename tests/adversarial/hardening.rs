@@ -214,7 +214,6 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
         )
         .expect_err("a borrowed half's send after a leaked batch");
     ensure!(is_leaked(&e.error), "borrowed half: {}", e.error);
-    drop(tx);
     peer.reset()?;
     connect(env, &mut a, &mut peer, AccessFlags::empty())?;
     ensure!(a.state() == QpState::Rts, "{:?}", a.state());
