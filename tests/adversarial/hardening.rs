@@ -205,24 +205,21 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
         .expect_err("an owned half's send after a leaked batch");
     ensure!(is_leaked(&e.error), "owned half: {}", e.error);
     let mut a = tx.reunite(rx).map_err(|e| e.to_string())?;
+    // The refused chunk, sent again with `id`.
+    let again = |e: PostError, id| {
+        let c = e.returned.into_iter().next();
+        c.map(|c| SendWr::new(id, SendOp::Send).sge(c))
+    };
     let (mut tx, _rx) = a.split();
     let e = tx
-        .post_send(
-            e.returned
-                .into_iter()
-                .map(|c| SendWr::new(7, SendOp::Send).sge(c)),
-        )
+        .post_send(again(e, 7))
         .expect_err("a borrowed half's send after a leaked batch");
     ensure!(is_leaked(&e.error), "borrowed half: {}", e.error);
     peer.reset()?;
     connect(env, &mut a, &mut peer, AccessFlags::empty())?;
     ensure!(a.state() == QpState::Rts, "{:?}", a.state());
     let e = a
-        .post_send(
-            e.returned
-                .into_iter()
-                .map(|c| SendWr::new(8, SendOp::Send).sge(c)),
-        )
+        .post_send(again(e, 8))
         .expect_err("a send in RTS again after a leaked batch");
     ensure!(is_leaked(&e.error), "RTS again: {}", e.error);
     drop(mw);
