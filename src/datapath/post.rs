@@ -561,43 +561,52 @@ impl SendFacts {
                 op.name()
             ));
         }
-        if let Some(data) = wr.inline_data() {
-            if !matches!(
-                op,
-                SendOp::Send
-                    | SendOp::SendWithImm(_)
-                    | SendOp::SendWithInv(_)
-                    | SendOp::RdmaWrite(_)
-                    | SendOp::RdmaWriteWithImm(..)
-            ) {
-                return invalid(format!("{} cannot carry inline data", op.name()));
-            }
-            if data.len() > self.max_inline as usize {
-                return invalid(format!(
-                    "{} inline bytes but the QP's max_inline_data is {}",
-                    data.len(),
-                    self.max_inline
-                ));
-            }
-        }
-        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = op {
-            if wr.data.chunk_count() != 1 || wr.data.total() != 8 {
-                return invalid(
-                    "an atomic needs exactly one 8-byte local entry for the old value".into(),
-                );
-            }
-            if remote.addr % 8 != 0 {
-                return invalid(format!(
-                    "atomic remote address {:#x} is not 8-byte aligned",
-                    remote.addr
-                ));
-            }
-        }
-        if matches!(op, SendOp::RdmaRead(_)) && wr.data.chunk_count() == 0 {
-            return invalid("an RDMA read needs local entries to read into".into());
-        }
-        Ok(())
+        check_payload(wr, self.max_inline)
     }
+}
+
+/// The part of [`SendFacts::check`] that looks at what the operation
+/// carries: inline data (which operations take it, and how much), an
+/// atomic's one 8-byte entry and aligned address, an RDMA read's entries.
+fn check_payload(wr: &SendWr<'_>, max_inline: u32) -> Result<()> {
+    const VERB: &str = "ibv_post_send";
+    let op = &wr.op;
+    let invalid = |msg: String| Err(Error::invalid(VERB, msg));
+    if let Some(data) = wr.inline_data() {
+        if !matches!(
+            op,
+            SendOp::Send
+                | SendOp::SendWithImm(_)
+                | SendOp::SendWithInv(_)
+                | SendOp::RdmaWrite(_)
+                | SendOp::RdmaWriteWithImm(..)
+        ) {
+            return invalid(format!("{} cannot carry inline data", op.name()));
+        }
+        if data.len() > max_inline as usize {
+            return invalid(format!(
+                "{} inline bytes but the QP's max_inline_data is {max_inline}",
+                data.len(),
+            ));
+        }
+    }
+    if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = op {
+        if wr.data.chunk_count() != 1 || wr.data.total() != 8 {
+            return invalid(
+                "an atomic needs exactly one 8-byte local entry for the old value".into(),
+            );
+        }
+        if remote.addr % 8 != 0 {
+            return invalid(format!(
+                "atomic remote address {:#x} is not 8-byte aligned",
+                remote.addr
+            ));
+        }
+    }
+    if matches!(op, SendOp::RdmaRead(_)) && wr.data.chunk_count() == 0 {
+        return invalid("an RDMA read needs local entries to read into".into());
+    }
+    Ok(())
 }
 
 /// The entry checks every request gets: at most `max_sge` entries (the

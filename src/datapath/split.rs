@@ -199,14 +199,9 @@ impl OwnedSendHalf {
 
     fn into_parts(self) -> (Arc<Joint>, Box<SendQueue>) {
         let mut me = ManuallyDrop::new(self);
-        // SAFETY: `me` is never dropped or used again, so each field is
-        // taken out exactly once.
-        unsafe {
-            (
-                ManuallyDrop::take(&mut me.joint),
-                ManuallyDrop::take(&mut me.q),
-            )
-        }
+        let me: &mut Self = &mut me;
+        // SAFETY: `me` is never dropped or used again.
+        unsafe { take_fields(&mut me.joint, &mut me.q) }
     }
 }
 
@@ -228,26 +223,28 @@ impl OwnedRecvHalf {
 
     fn into_parts(self) -> (Arc<Joint>, Box<RecvQueue>) {
         let mut me = ManuallyDrop::new(self);
-        // SAFETY: `me` is never dropped or used again, so each field is
-        // taken out exactly once.
-        unsafe {
-            (
-                ManuallyDrop::take(&mut me.joint),
-                ManuallyDrop::take(&mut me.q),
-            )
-        }
+        let me: &mut Self = &mut me;
+        // SAFETY: `me` is never dropped or used again.
+        unsafe { take_fields(&mut me.joint, &mut me.q) }
     }
+}
+
+/// An owned half's two fields, taken out (by `into_parts` or `drop`).
+///
+/// # Safety
+/// Called once per half, whose fields are not used afterwards.
+unsafe fn take_fields<Q>(
+    joint: &mut ManuallyDrop<Arc<Joint>>,
+    q: &mut ManuallyDrop<Box<Q>>,
+) -> (Arc<Joint>, Box<Q>) {
+    // SAFETY: the caller's promise: each field is taken out exactly once.
+    unsafe { (ManuallyDrop::take(joint), ManuallyDrop::take(q)) }
 }
 
 impl Drop for OwnedSendHalf {
     fn drop(&mut self) {
         // SAFETY: `drop` runs once, and the fields are not used after.
-        let (joint, q) = unsafe {
-            (
-                ManuallyDrop::take(&mut self.joint),
-                ManuallyDrop::take(&mut self.q),
-            )
-        };
+        let (joint, q) = unsafe { take_fields(&mut self.joint, &mut self.q) };
         // The last half destroys the QP, then its requests' chunks.
         drop(leave(joint, Part::Send(q)));
     }
@@ -256,31 +253,33 @@ impl Drop for OwnedSendHalf {
 impl Drop for OwnedRecvHalf {
     fn drop(&mut self) {
         // SAFETY: `drop` runs once, and the fields are not used after.
-        let (joint, q) = unsafe {
-            (
-                ManuallyDrop::take(&mut self.joint),
-                ManuallyDrop::take(&mut self.q),
-            )
-        };
+        let (joint, q) = unsafe { take_fields(&mut self.joint, &mut self.q) };
         drop(leave(joint, Part::Recv(q)));
     }
 }
 
+/// An owned half's `Debug`: its QP's number and what it has outstanding.
+fn debug_half(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    joint: &Joint,
+    outstanding: usize,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field("qp_num", &format_args!("{:#x}", joint.qp.qp_num()))
+        .field("outstanding", &outstanding)
+        .finish()
+}
+
 impl std::fmt::Debug for OwnedSendHalf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OwnedSendHalf")
-            .field("qp_num", &format_args!("{:#x}", self.joint.qp.qp_num()))
-            .field("outstanding", &self.q.ledger.len())
-            .finish()
+        debug_half(f, "OwnedSendHalf", &self.joint, self.q.ledger.len())
     }
 }
 
 impl std::fmt::Debug for OwnedRecvHalf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OwnedRecvHalf")
-            .field("qp_num", &format_args!("{:#x}", self.joint.qp.qp_num()))
-            .field("outstanding", &self.q.ledger.len())
-            .finish()
+        debug_half(f, "OwnedRecvHalf", &self.joint, self.q.ledger.len())
     }
 }
 
