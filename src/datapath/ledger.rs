@@ -156,12 +156,6 @@ impl Kind {
         }
     }
 
-    /// Whether `wr_id` is a tag of this kind (one compare).
-    #[inline]
-    pub(crate) fn tags(self, wr_id: u64) -> bool {
-        wr_id >> KIND_SHIFT == self as u64
-    }
-
     #[inline]
     fn tag(self, stamp: u64) -> u64 {
         ((self as u64) << KIND_SHIFT) | stamp

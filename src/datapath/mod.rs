@@ -55,8 +55,8 @@
 //! measured 2 to 35 instructions more per request (`guide::performance`).
 //! The one-request ways build no refusal of their own: anything but the
 //! common case goes to the plural call, which refuses it with the reason
-//! (but for running out of tags, after 2^62 of them, which
-//! `tags_exhausted` refuses as every way does).
+//! (`post_recv_one` but for running out of tags, after 2^62 of them,
+//! which it refuses with `tags_exhausted`, as `WrBatch::post` does).
 
 mod chain;
 mod completed;

@@ -109,7 +109,7 @@ use super::ledger::SendLedger;
 
 mod recv;
 use super::request::{RecvWr, SendOp, SendWr, MAX_SGE};
-use super::{QpState, QpType, QueuePair};
+use super::{QpType, QueuePair};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mr::Chunk;
@@ -178,16 +178,12 @@ pub(super) fn send_refusal(verb: &'static str, known: &crate::qp::Known) -> Opti
     if known.sends_locked() {
         return Some(leaked_batch(verb));
     }
-    let state = known.state();
-    if matches!(
-        state,
-        QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err
-    ) {
+    if known.sends() {
         return None;
     }
     Some(Error::QpState {
         verb,
-        state,
+        state: known.state(),
         needs: "sends need RTS, SQD, SQE or ERR",
     })
 }

@@ -494,7 +494,7 @@ impl RecvBuffers {
         let Some(wr_id) = p.recv.ledger.take_if(tag, |load, wr_id| {
             matches!(load, Loan::Pooled) && (wr_id >> 32) as u32 == id
         }) else {
-            return self.take_not_mine(qp, wc);
+            return self.take_routed(qp, wc);
         };
         // The pool lives (this is its call): its pin stays, for its next
         // post, and needs nothing.
@@ -532,34 +532,11 @@ impl RecvBuffers {
     }
 
     /// [`take`](Self::take) of a completion that is not a posted buffer of
-    /// this pool on `qp`'s own receive queue: a receive of that queue goes
-    /// to [`take_other`](Self::take_other), anything else (an SRQ's
-    /// receive, a send, another QP's) to [`take_routed`](Self::take_routed).
+    /// this pool on `qp`'s own receive queue (another receive of that
+    /// queue, an SRQ's receive, a send, another QP's): routed as
+    /// [`QueuePair::reclaim_one`] routes it.
     #[cold]
     #[inline(never)]
-    fn take_not_mine<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
-        if Kind::Recv.tags(wc.wr_id()) && wc.qp_num() == qp.qp_num() {
-            self.take_other(qp, wc)
-        } else {
-            self.take_routed(qp, wc)
-        }
-    }
-
-    /// [`take`](Self::take) of a receive of the QP's own queue that is not
-    /// one of this pool's buffers (or ends nothing).
-    #[inline(always)]
-    fn take_other<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
-        let Some(r) = qp.pending_mut().recv.take(wc.wr_id()) else {
-            return Taken::Nothing;
-        };
-        let ok = wc.is_success();
-        qp.recv_half(false).after_ended(wc, Kind::Recv);
-        self.mine_or_other(r.wr_id, r.own, Kind::Recv, r.payload, wc, ok)
-    }
-
-    /// [`take`](Self::take) of any other completion (an SRQ's receive, a
-    /// send, another QP's): routed as [`QueuePair::reclaim_one`] routes it.
-    #[inline(always)]
     fn take_routed<'a>(&'a mut self, qp: &mut QueuePair, wc: &WorkCompletion) -> Taken<'a> {
         if !matches!(Kind::of(wc.wr_id()), Some(Kind::Recv | Kind::Srq)) {
             return match qp.reclaim_one(wc) {

@@ -14,11 +14,11 @@
 //!   and the context keeps a registry from pointer to the QP's [`Known`];
 //! * [`QueuePair::resync`](super::QueuePair::resync).
 //!
-//! The state is one atomic word: the state, whether a leaked
+//! The state is one atomic word: the state, whether a
 //! [`WrBatch`](crate::qp::WrBatch) holds the provider's send-queue lock
 //! (the send path's other refusal, so that a post reads one word), and a
-//! generation that every move the crate makes bumps. An event is read by another thread at any
-//! later time, possibly after the owner has reset the QP and brought it
+//! generation that every move the crate makes bumps. An event is read by
+//! another thread at any later time, possibly after the owner has reset the QP and brought it
 //! back up, so it never stores "ERR" blindly: it reads the QP's state from
 //! the device (the QP stays alive until the event is acknowledged) and
 //! stores what it read only if no move was recorded since it started
