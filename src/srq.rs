@@ -274,7 +274,7 @@ impl SharedReceiveQueue {
         let released = {
             let mut p = self.pending();
             // A receive ends its own request only (free list).
-            let r = p.ledger.take_tag(tag);
+            let r = p.ledger.take_tag(tag, |wr_id, loan| (wr_id, loan));
             self.inner
                 .keep()
                 .outstanding
@@ -283,8 +283,8 @@ impl SharedReceiveQueue {
         };
         // `f` runs outside the lock, so it may post to this SRQ again.
         match released {
-            Some(r) => {
-                f(Completed::new(r.wr_id, r.own, Kind::Srq, r.payload));
+            Some((wr_id, loan)) => {
+                f(Completed::new(wr_id, true, Kind::Srq, loan));
                 1
             }
             None => 0,

@@ -11,7 +11,7 @@
 use super::chain::Scratch;
 use super::completed::{Completed, PostError};
 use super::entries::{Loan, SendLoan};
-use super::ledger::{Kind, Ledger, RecvLedger, Released, SendLedger};
+use super::ledger::{Kind, Ledger, RecvLedger, SendLedger};
 use super::pin::Pin;
 use super::post::{RecvFacts, SendFacts};
 use super::recv_buffers::PoolPin;
@@ -223,22 +223,5 @@ impl RecvQueue {
             facts: self.facts,
             pools: Vec::new(),
         }
-    }
-
-    /// Takes the receive `tag` names if it is outstanding (the one way a
-    /// completion takes a receive out of the ledger): a pool's buffer
-    /// also leaves its pool's pin.
-    #[inline(always)]
-    pub(super) fn take(&mut self, tag: u64) -> Option<Released<Loan>> {
-        let r = self.ledger.take_tag(tag);
-        if let Some(Released {
-            wr_id,
-            payload: Loan::Pooled,
-            ..
-        }) = &r
-        {
-            self.pool_ended(*wr_id);
-        }
-        r
     }
 }

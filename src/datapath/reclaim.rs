@@ -68,7 +68,9 @@ impl SendQueue {
 }
 
 impl RecvQueue {
-    /// Ends the receive completion `tag` names.
+    /// Ends the receive completion `tag` names: the one way a completion
+    /// takes a receive out of the QP's receive ledger. A pool's buffer
+    /// also leaves its pool's pin.
     #[inline(always)]
     pub(super) fn complete(
         &mut self,
@@ -77,13 +79,17 @@ impl RecvQueue {
     ) -> usize {
         // A receive completion ends its own request only (free list): no
         // loop, one call of `on`.
-        match self.take(tag) {
-            Some(r) => {
-                on(r.wr_id, r.own, Kind::Recv, r.payload);
-                1
+        let mut pooled = None;
+        let ended = self.ledger.take_tag(tag, |wr_id, loan| {
+            if let Loan::Pooled = loan {
+                pooled = Some(wr_id);
             }
-            None => 0,
+            on(wr_id, true, Kind::Recv, loan)
+        });
+        if let Some(wr_id) = pooled {
+            self.pool_ended(wr_id);
         }
+        usize::from(ended.is_some())
     }
 }
 

@@ -56,8 +56,8 @@ impl<T: Payload> AnyLedger<T> {
         either!(self, l => l.outstanding(tag))
     }
 
-    pub(crate) fn take_tag(&mut self, tag: u64) -> Option<Released<T>> {
-        either!(self, l => l.take_tag(tag))
+    pub(crate) fn take_tag<R>(&mut self, tag: u64, f: impl FnOnce(u64, T) -> R) -> Option<R> {
+        either!(self, l => l.take_tag(tag, f))
     }
 
     pub(crate) fn complete(&mut self, tag: u64, f: impl FnMut(Released<T>)) -> usize {

@@ -394,13 +394,13 @@ fn a_dropped_ledger_drops_each_outstanding_payload_once_and_nothing_else() {
     // then the slots freed are used again before the ledger goes.
     let mut r = Ledger::new(Kind::Recv, 8);
     let tags = insert_held(&mut r, 5, &rc, false);
-    drop(r.take_tag(tags[1]).unwrap().payload);
-    drop(r.take_tag(tags[3]).unwrap().payload);
+    drop(r.take_tag(tags[1], |_, p| p).unwrap());
+    drop(r.take_tag(tags[3], |_, p| p).unwrap());
     drop(r.undo_last(tags[4]).unwrap());
     assert_eq!(std::rc::Rc::strong_count(&rc), 1 + 2);
     let again = insert_held(&mut r, 4, &rc, false);
     assert_eq!(r.len(), 6);
-    drop(r.take_tag(again[0]).unwrap().payload);
+    drop(r.take_tag(again[0], |_, p| p).unwrap());
     drop(r);
     assert_eq!(std::rc::Rc::strong_count(&rc), 1, "the free list's drop");
     // A ring: six in, a completion ends three, three left for the drop.
