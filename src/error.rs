@@ -88,6 +88,28 @@ pub enum Error {
         /// The type(s) the operation takes, e.g. `"UD"`.
         takes: &'static str,
     },
+    /// A post was refused before the call: the queue has no room for all
+    /// of the call's requests. Nothing was posted, and every chunk comes
+    /// back with the [`PostError`](crate::qp::PostError); room comes back
+    /// as completions are reclaimed (a queue holds a request until its
+    /// completion, or a later send's, is reclaimed).
+    #[error(
+        "{verb} refused: {requests} request(s) but the {queue} has room for {room} \
+         ({outstanding} outstanding)"
+    )]
+    QueueFull {
+        /// The C function the post would have gone to.
+        verb: &'static str,
+        /// Which queue: `"send queue"`, `"receive queue"` or
+        /// `"shared receive queue"`.
+        queue: &'static str,
+        /// How many requests the call had.
+        requests: usize,
+        /// How many more requests the queue could take.
+        room: usize,
+        /// How many requests it holds.
+        outstanding: usize,
+    },
     /// The process used up the work request numbers this crate hands out
     /// (2^62 of them): no further posts are possible.
     #[error("{verb} refused: the process has used up all 2^62 work request tags")]
@@ -226,6 +248,7 @@ impl Error {
             Error::Verb { verb, .. }
             | Error::InvalidArgument { verb, .. }
             | Error::QpState { verb, .. }
+            | Error::QueueFull { verb, .. }
             | Error::TagsExhausted { verb } => Some(verb),
             Error::Unexpected { verb, .. } => Some(verb),
             _ => None,
@@ -249,6 +272,7 @@ impl From<Error> for io::Error {
             | Error::Modify(_)
             | Error::QpState { .. }
             | Error::WrongQpType { .. } => io::ErrorKind::InvalidInput,
+            Error::QueueFull { .. } => io::ErrorKind::WouldBlock,
             Error::TagsExhausted { .. } => io::ErrorKind::OutOfMemory,
             Error::Timeout { .. } => io::ErrorKind::TimedOut,
             Error::CmEvent { got, status, .. } => match (*got, *status) {

@@ -221,12 +221,6 @@ impl SharedReceiveQueue {
                 &mut p.scratch,
                 &facts,
                 staged.drain(..),
-                |n, room, _| {
-                    Error::invalid(
-                        VERB,
-                        format!("{n} receive(s) but the SRQ has room for {room}"),
-                    )
-                },
                 |chain, bad| {
                     // SAFETY: the SRQ is live; a NULL-terminated chain into the
                     // call's stack (and the scratch, under the mutex), naming chunks the ledger holds.

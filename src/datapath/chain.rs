@@ -231,9 +231,9 @@ impl<R: ChainLink, const RING: bool> Drop for Chain<'_, R, RING> {
 /// Each request of `reqs` passes the fast check `ok` or the full `check`,
 /// has its raw form filled in place (`fill`) into the queue's scratch, and
 /// its loan moved into the ledger (`lend`), whose tag becomes the raw
-/// `wr_id`. If any request is refused (a failed check, no room:
-/// `no_room(requests, room, outstanding)`, no tags left), the rest of the
-/// iterator is consumed, the call's requests are taken back out of the
+/// `wr_id`. If any request is refused (a failed check; no room for it or
+/// no stamp left: the ledger's [`refusal`](Ledger::refusal)), the rest of
+/// the iterator is consumed, the call's requests are taken back out of the
 /// ledger, newest first, and every chunk of the call comes back in the
 /// error, in request order; nothing reached the device. Otherwise the
 /// chain is linked and handed to `call` (the provider's post); on success,
@@ -250,7 +250,6 @@ pub(super) fn post_chain<W, R: ChainLink, const RING: bool>(
     fill: impl Fn(&W, &mut R, &mut [sys::ibv_sge]),
     lend: impl Fn(&mut Ledger<Loan, RING>, &mut Vec<SendLoan>, W) -> Result<u64, Loan>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
-    no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut R, &mut *mut R) -> c_int,
 ) -> Result<(), PostError> {
     let room = chain.ledger.room();
@@ -258,21 +257,23 @@ pub(super) fn post_chain<W, R: ChainLink, const RING: bool>(
     while let Some(wr) = reqs.next() {
         if !ok(&wr) {
             if let Err(e) = check(&wr) {
-                return Err(refuse(chain, e, wr, reqs, give_back));
+                let back = chunks_of(wr, &give_back);
+                return Err(refuse(verb, chain, Some(e), back, reqs, give_back));
             }
         }
         let n = chain.n;
         if n == room {
-            let held = chain.ledger.len() - n;
-            return Err(refuse_full(chain, wr, reqs, give_back, |total| {
-                no_room(total, room, held)
-            }));
+            let back = chunks_of(wr, &give_back);
+            return Err(refuse(verb, chain, None, back, reqs, give_back));
         }
         let (raw, sges) = chain.scratch.next();
         fill(&wr, raw, sges);
         match lend(chain.ledger, chain.side, wr) {
             Ok(tag) => raw.set_wr_id(tag),
-            Err(loan) => return Err(exhausted(verb, chain, loan, reqs, give_back)),
+            Err(loan) => {
+                let back = chunks_of(loan, Loan::give_back);
+                return Err(refuse(verb, chain, None, back, reqs, give_back));
+            }
         }
         chain.n = n + 1;
     }
@@ -303,16 +304,22 @@ pub(super) fn provider_failed(verb: &'static str, rc: c_int, n: usize) -> PostEr
     fail(error, n, Vec::new())
 }
 
-/// Takes a refused call apart: the rest of the iterator is consumed
-/// (its chunks kept, after `back`'s), then this call's requests are taken
-/// back out; every chunk of the call, in request order, and how many
-/// requests the call had.
-fn take_apart<W, R: ChainLink, const RING: bool>(
+/// A call refused whole at one of its requests (`back`: that request's
+/// chunks): the rest of the iterator is consumed (its chunks kept, after
+/// `back`'s), then the call's requests are taken back out; every chunk of
+/// the call comes back, in request order. The error is `error` (a failed
+/// check), or else the ledger's [`refusal`](Ledger::refusal) for every
+/// request of the call (no room for them all, or no stamp left).
+#[cold]
+#[inline(never)]
+fn refuse<W, R: ChainLink, const RING: bool>(
+    verb: &'static str,
     mut chain: Chain<'_, R, RING>,
+    error: Option<Error>,
     mut back: Vec<Chunk>,
     rest: impl Iterator<Item = W>,
     give_back: impl Fn(W, &mut Vec<Chunk>),
-) -> (usize, Vec<Chunk>) {
+) -> PostError {
     let mut total = chain.n + 1;
     for w in rest {
         total += 1;
@@ -320,56 +327,16 @@ fn take_apart<W, R: ChainLink, const RING: bool>(
     }
     let mut all = chain.undo();
     all.append(&mut back);
-    (total, all)
-}
-
-/// A request that failed its check: the call is refused whole.
-#[cold]
-#[inline(never)]
-fn refuse<W, R: ChainLink, const RING: bool>(
-    chain: Chain<'_, R, RING>,
-    error: Error,
-    wr: W,
-    rest: impl Iterator<Item = W>,
-    give_back: impl Fn(W, &mut Vec<Chunk>),
-) -> PostError {
-    let mut back = Vec::new();
-    give_back(wr, &mut back);
-    let (_, all) = take_apart(chain, back, rest, give_back);
+    let error = error.unwrap_or_else(|| chain.ledger.refusal(verb, total));
     fail(error, 0, all)
 }
 
-/// A call with more requests than room: refused whole, the message
-/// counting every request of the call.
+/// The owned chunks of a refused request (or loan), in their order.
 #[cold]
-#[inline(never)]
-fn refuse_full<W, R: ChainLink, const RING: bool>(
-    chain: Chain<'_, R, RING>,
-    wr: W,
-    rest: impl Iterator<Item = W>,
-    give_back: impl Fn(W, &mut Vec<Chunk>),
-    error: impl FnOnce(usize) -> Error,
-) -> PostError {
+fn chunks_of<W>(w: W, give_back: impl Fn(W, &mut Vec<Chunk>)) -> Vec<Chunk> {
     let mut back = Vec::new();
-    give_back(wr, &mut back);
-    let (total, all) = take_apart(chain, back, rest, give_back);
-    fail(error(total), 0, all)
-}
-
-/// No tags left (after 2^62 stamps): refused whole.
-#[cold]
-#[inline(never)]
-fn exhausted<W, R: ChainLink, const RING: bool>(
-    verb: &'static str,
-    chain: Chain<'_, R, RING>,
-    loan: Loan,
-    rest: impl Iterator<Item = W>,
-    give_back: impl Fn(W, &mut Vec<Chunk>),
-) -> PostError {
-    let mut back = Vec::new();
-    loan.give_back(&mut back);
-    let (_, all) = take_apart(chain, back, rest, give_back);
-    fail(Error::TagsExhausted { verb }, 0, all)
+    give_back(w, &mut back);
+    back
 }
 
 /// A call refused before any request is looked at (the QP's state, a

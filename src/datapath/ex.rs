@@ -3,7 +3,7 @@ use std::ptr::NonNull;
 
 use super::completed::Completed;
 use super::post::SendFacts;
-use super::post::{fail, lend_send, send_queue_full, tags_exhausted};
+use super::post::{fail, lend_send, refused_entry};
 use super::request::{SendOp, SendWr, MAX_SGE};
 use super::{PostError, QpInitAttr, QpType, QueuePair};
 use crate::device_attr::{AtomicCap, DeviceCapFlags};
@@ -432,7 +432,7 @@ impl WrBatch<'_> {
     fn check_room(&self, verb: &'static str) -> Result<()> {
         let ledger = &self.qp.pending().send.ledger;
         if ledger.room() == 0 {
-            return Err(send_queue_full(verb, 1, 0, ledger.len()));
+            return Err(ledger.refusal(verb, 1));
         }
         Ok(())
     }
@@ -490,7 +490,7 @@ impl WrBatch<'_> {
         let p = &mut self.qp.pending_mut().send;
         let tag = match lend_send(&mut p.ledger, &mut p.side, wr) {
             Ok(tag) => tag,
-            Err(loan) => return Err(tags_exhausted(VERB, loan)),
+            Err(loan) => return Err(refused_entry(VERB, &p.ledger, loan)),
         };
         let ex = self.ptr();
         // The batch is open on this live extended QP (`&mut` held); the

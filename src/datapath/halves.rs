@@ -72,8 +72,8 @@ use super::entries::Loan;
 use std::sync::Arc;
 
 use super::ledger::Kind;
-use super::post::{check_send, fill_send, lend_send, send_queue_full, send_refusal};
-use super::post::{post_recv_chain, recv_queue_full, tags_exhausted};
+use super::post::{check_send, fill_send, lend_send, send_refusal};
+use super::post::{post_recv_chain, refused_entry};
 use super::queues::{RecvQueue, SendQueue};
 use super::request::{RecvWr, SendWr};
 use super::{QpState, QpType, QueuePair};
@@ -263,7 +263,6 @@ impl<'q> SendHalf<'q> {
             |wr, raw, sges| fill_send(wr, raw, sges),
             |ledger, side, wr| lend_send(ledger, side, wr),
             |wr, out| wr.data.give_back(out),
-            |n, room, held| send_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // `chain` is a NULL-terminated chain whose sg_lists point
                 // into the call's raw requests, both unchanged until the call
@@ -400,7 +399,6 @@ impl<'q> RecvHalf<'q> {
             &mut q.scratch,
             &facts,
             wrs.into_iter(),
-            |n, room, held| recv_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // SAFETY: live QP; a NULL-terminated chain into the call's
                 // stack (and the queue's scratch), naming chunks the ledger holds.
@@ -427,7 +425,7 @@ impl<'q> RecvHalf<'q> {
         let num_sge = wr.data.fill(std::slice::from_mut(&mut sge)) as std::ffi::c_int;
         let tag = match self.q.ledger.insert(wr.wr_id, wr.data.into_loan()) {
             Ok(tag) => tag,
-            Err(loan) => return Err(tags_exhausted(VERB, loan)),
+            Err(loan) => return Err(refused_entry(VERB, &self.q.ledger, loan)),
         };
         let mut raw = sys::ibv_recv_wr {
             wr_id: tag,

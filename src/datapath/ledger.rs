@@ -115,6 +115,8 @@
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::error::Error;
+
 /// How many stamps a queue takes from the process-wide counter at a time
 /// (a queue of more slots takes as many blocks as it has slots).
 pub(crate) const BLOCK: u64 = 1 << 16;
@@ -377,6 +379,32 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// Bytes of the slot array.
     pub(crate) fn bytes(&self) -> usize {
         self.slots.len() * std::mem::size_of::<Slot<T>>()
+    }
+
+    /// Why `n` requests cannot all enter this ledger: the one refusal of
+    /// every way in, made once the call's own requests are out again (so
+    /// the room and the count are what the caller had). No room for all
+    /// of them is [`Error::QueueFull`]; with room, the insert failed for
+    /// want of a stamp: [`Error::TagsExhausted`].
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn refusal(&self, verb: &'static str, n: usize) -> Error {
+        let room = self.room();
+        if n <= room {
+            return Error::TagsExhausted { verb };
+        }
+        let queue = match self.kind {
+            Kind::Send => "send queue",
+            Kind::Recv => "receive queue",
+            Kind::Srq => "shared receive queue",
+        };
+        Error::QueueFull {
+            verb,
+            queue,
+            requests: n,
+            room,
+            outstanding: self.len(),
+        }
     }
 
     /// Takes back the newest request of a send queue (an aborted batch's,

@@ -36,27 +36,33 @@
 //! round trip); a send that lends something beside
 //! its entries (a UD destination's handle, a memory-window loan) through
 //! `lend_side` (`post.rs`), which records [`Loan::Side`](entries::Loan)
-//! there and the loan in the side table. What differs between the posts
-//! is how the raw request is built and who refuses and undoes:
+//! there and the loan in the side table.
 //!
-//! | ledger | inserted by | used by | its refusal and undo |
+//! A request a ledger cannot take is refused by one function,
+//! `Ledger::refusal`: no room for the call's requests is
+//! [`Error::QueueFull`](crate::Error::QueueFull) (naming the queue, the
+//! requests, the room and what is outstanding), room but no stamp left
+//! [`Error::TagsExhausted`](crate::Error::TagsExhausted). Every way in
+//! refuses through it, after taking its own requests back out (so the
+//! counts are the caller's). What differs between the ways is how the raw
+//! request is built and how a call's requests are taken back out:
+//!
+//! | ledger | inserted by | used by | the undo of a refused call |
 //! |---|---|---|---|
-//! | send | `lend_send` (`post.rs`) inside `post_chain` (`chain.rs`) | `post_send`, `SendHalf::post_send` | `Chain`'s undo, `refuse*` in `chain.rs` |
-//! | send | `lend_send` | `WrBatch::post` | its checks before, `tags_exhausted` |
-//! | send | `SendQueue::lend_window` (`queues.rs`) | `bind_mw`, `invalidate_mw`, `WrBatch::bind_mw`, `WrBatch::local_inv` | in `lend_window` |
+//! | send | `lend_send` (`post.rs`) inside `post_chain` (`chain.rs`) | `post_send`, `SendHalf::post_send` | `Chain`'s undo |
 //! | send | `post_template`'s closure inside `post_chain` | `post_template` | `Chain`'s undo |
-//! | send | `post_template_one` | `post_template_one` | `post_template`'s (the fallback `post_template_refused`) |
+//! | send | `post_template_one` | `post_template_one` | none: one request (the fallback `post_template_refused` posts through `post_template`) |
+//! | send | `lend_send` | `WrBatch::post` | none: one request; `WrBatch::abort` takes back the batch's |
+//! | send | `SendQueue::lend_window` (`queues.rs`) | `bind_mw`, `invalidate_mw`, `WrBatch::bind_mw`, `WrBatch::local_inv` | none: one request (the window's bookkeeping restored) |
 //! | receive | `post_recv_chain` (`post/recv.rs`) inside `post_chain` | `post_recv`, `RecvHalf::post_recv`, `SharedReceiveQueue::post_recv` | `Chain`'s undo |
-//! | receive | `RecvHalf::post_recv_one` | `post_recv_one` | `post_recv`'s (the fallback `post_recv_refused`) |
+//! | receive | `RecvHalf::post_recv_one` | `post_recv_one` | none: one request (the fallback `post_recv_refused` posts through `post_recv`) |
 //! | receive | `RecvBuffers::post_up_to` | `RecvBuffers::post` | `undo_post` (`recv_buffers.rs`) |
 //!
 //! The one-request ways (`post_recv_one`, `post_template_one`) and the
 //! pool's are fast paths that skip the chain: folding them into it
 //! measured 2 to 35 instructions more per request (`guide::performance`).
 //! The one-request ways build no refusal of their own: anything but the
-//! common case goes to the plural call, which refuses it with the reason
-//! (`post_recv_one` but for running out of tags, after 2^62 of them,
-//! which it refuses with `tags_exhausted`, as `WrBatch::post` does).
+//! common case goes to the plural call, which refuses it with the reason.
 
 mod chain;
 mod completed;

@@ -115,7 +115,7 @@ use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
 pub(crate) use recv::post_recv_chain;
-pub(super) use recv::{recv_queue_full, tags_exhausted};
+pub(super) use recv::refused_entry;
 
 /// How many requests of a queue of `max_wr` requests a chain of up to
 /// [`CHAIN_ROOM`] holds at most (the room a staging vector is made with).
@@ -129,16 +129,6 @@ pub(crate) fn fail(error: Error, posted: usize, returned: Vec<Chunk>) -> PostErr
         posted,
         returned,
     }
-}
-
-/// The refusal of `n` send requests when the send queue has room for
-/// `room` with `held` outstanding.
-#[cold]
-pub(super) fn send_queue_full(verb: &'static str, n: usize, room: usize, held: usize) -> Error {
-    Error::invalid(
-        verb,
-        format!("{n} request(s) but the send queue has room for {room} ({held} outstanding)"),
-    )
 }
 
 /// The refusal of anything that takes the provider's send-queue lock on a

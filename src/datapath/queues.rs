@@ -164,16 +164,11 @@ impl SendQueue {
         wr_id: u64,
         loan: crate::mw::MwLoan,
     ) -> Result<u64, PostError> {
-        let (room, held) = (self.ledger.room(), self.ledger.len());
         let side = (Loan::Empty, None, Some(loan));
-        super::post::lend_side(&mut self.ledger, &mut self.side, wr_id, side).map_err(|back| {
+        let ledger = &mut self.ledger;
+        super::post::lend_side(ledger, &mut self.side, wr_id, side).map_err(|back| {
             crate::mw::restore(back);
-            let error = if room == 0 {
-                super::post::send_queue_full(verb, 1, room, held)
-            } else {
-                crate::error::Error::TagsExhausted { verb }
-            };
-            super::post::fail(error, 0, Vec::new())
+            super::post::fail(ledger.refusal(verb, 1), 0, Vec::new())
         })
     }
 

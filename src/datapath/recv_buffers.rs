@@ -367,13 +367,13 @@ impl RecvBuffers {
                         qp,
                         start,
                         k,
-                        Error::invalid(VERB, "internal: a free buffer is missing"),
+                        Some(Error::invalid(VERB, "internal: a free buffer is missing")),
                     ))
                 }
             }
             let Some(tag) = ledger.insert_made(self.wr_id(i as u32), || Loan::Pooled) else {
                 self.state[i] = Where::Here;
-                return Err(self.undo_post(qp, start, k, Error::TagsExhausted { verb: VERB }));
+                return Err(self.undo_post(qp, start, k, None));
             };
             // `i` < the buffer count, the length of both arrays (a free
             // index is one of the pool's: `state[i]` exists); the pointers
@@ -415,10 +415,19 @@ impl RecvBuffers {
 
     /// Takes back the records of this call's first `k - start` buffers
     /// (`free[start..k]`), newest first, after a refusal halfway: they
-    /// never reached a device, so their buffers are free again.
+    /// never reached a device, so their buffers are free again. The error
+    /// is `error`, or else the ledger's [`refusal`](super::ledger::Ledger::refusal)
+    /// of the call's buffers.
     #[cold]
     #[inline(never)]
-    fn undo_post(&mut self, qp: &mut QueuePair, start: usize, k: usize, error: Error) -> PostError {
+    fn undo_post(
+        &mut self,
+        qp: &mut QueuePair,
+        start: usize,
+        k: usize,
+        error: Option<Error>,
+    ) -> PostError {
+        const VERB: &str = "ibv_post_recv";
         let ledger = &mut qp.pending_mut().recv.ledger;
         for j in (start..k).rev() {
             let i = self.free[j] as usize;
@@ -426,6 +435,7 @@ impl RecvBuffers {
                 self.state[i] = Where::Here;
             }
         }
+        let error = error.unwrap_or_else(|| ledger.refusal(VERB, self.free.len() - start));
         super::post::fail(error, 0, Vec::new())
     }
 

@@ -230,7 +230,6 @@ impl QueuePair {
                 Ok(tag)
             },
             |_, _| {},
-            |n, room, held| super::post::send_queue_full(VERB, n, room, held),
             |chain, bad| {
                 // A NULL-terminated chain of the call's raw requests; each one's entry
                 // names the template's source, which the QP's pin keeps

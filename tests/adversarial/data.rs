@@ -36,6 +36,10 @@ pub const TESTS: &[(&str, TestFn)] = &[
         foreign_pd_and_too_many_sges_are_refused_whole,
     ),
     (
+        "adversarial::a_full_queue_refuses_the_call_whole_with_queue_full",
+        a_full_queue_refuses_the_call_whole,
+    ),
+    (
         "adversarial::nothing_lent_is_lost_by_err_overrun_reset_or_destroy",
         nothing_lent_is_lost,
     ),
@@ -566,6 +570,109 @@ fn foreign_pd_and_too_many_sges_are_refused_whole(env: &Env) -> Result<(), Faile
         p.a.outstanding_sends() == 0 && p.b.outstanding_recvs() == 0,
         "a refused post left requests outstanding"
     );
+    Ok(())
+}
+
+/// One request more than each queue holds, through every plural way in
+/// (a QP's send and receive queues, a half of each, an SRQ), and one more
+/// through the one-request ways once a queue is full: refused whole,
+/// before the call, as [`Error::QueueFull`] naming the queue and the
+/// counts; every chunk back in request order; nothing left outstanding
+/// by the refused call; the same call again refused the same way.
+fn a_full_queue_refuses_the_call_whole(env: &Env) -> Result<(), Failed> {
+    let mut p = pair(env, AccessFlags::empty())?;
+    let full = |e: &Error, queue: &str, requests: usize, room: usize, held: usize| {
+        matches!(e, Error::QueueFull { queue: q, requests: n, room: r, outstanding: o, .. }
+            if *q == queue && *n == requests && *r == room && *o == held)
+    };
+    let marked = |n: usize| -> Result<Vec<Chunk>, Failed> {
+        (0..n).map(|i| chunk(&p.pd, 16, i as u8)).collect()
+    };
+    let in_order = |back: &[Chunk], n: usize| {
+        back.len() == n
+            && back
+                .iter()
+                .enumerate()
+                .all(|(i, c)| c.as_slice()[0] == i as u8)
+    };
+    let (sends, recvs) = (
+        p.a.caps().max_send_wr as usize,
+        p.b.caps().max_recv_wr as usize,
+    );
+    for round in 0..2 {
+        let wrs = marked(sends + 1)?
+            .into_iter()
+            .map(|c| SendWr::new(1, SendOp::Send).sge(c));
+        let (e, back) = refused(p.a.post_send(wrs), "one send more than the queue holds")?;
+        ensure!(
+            full(&e, "send queue", sends + 1, sends, 0),
+            "round {round}: {e:?}"
+        );
+        ensure!(
+            in_order(&back, sends + 1),
+            "round {round}: sends back out of order"
+        );
+        let wrs = marked(recvs + 1)?
+            .into_iter()
+            .map(|c| RecvWr::new(1).sge(c));
+        let (_, mut rx) = p.b.split();
+        let (e, back) = refused(rx.post_recv(wrs), "one receive more than the queue holds")?;
+        ensure!(
+            full(&e, "receive queue", recvs + 1, recvs, 0),
+            "round {round}: {e:?}"
+        );
+        ensure!(
+            in_order(&back, recvs + 1),
+            "round {round}: receives back out of order"
+        );
+    }
+    // Filled to the brim, then one more through the one-request ways.
+    let fill = marked(recvs)?.into_iter().map(|c| RecvWr::new(1).sge(c));
+    p.b.post_recv(fill)?;
+    let e = p.b.post_recv_one(RecvWr::new(2).sge(chunk(&p.pd, 16, 7)?));
+    let (e, back) = refused(e, "a receive past the room")?;
+    ensure!(full(&e, "receive queue", 1, 0, recvs), "{e:?}");
+    ensure!(
+        back.len() == 1 && back[0].as_slice()[0] == 7,
+        "the chunk came back"
+    );
+    ensure!(
+        p.b.outstanding_recvs() == recvs,
+        "{}",
+        p.b.outstanding_recvs()
+    );
+    // An SRQ of 4: the device may report more (rxe: 7), the crate holds
+    // at least 4; a call of one more than the device reports is refused,
+    // and the room it names is exactly what fits.
+    let srq = p.pd.create_srq(4, 1, 0)?;
+    let (cap, _, _) = srq.query()?;
+    let over = cap as usize + 1;
+    let wrs = marked(over)?.into_iter().map(|c| RecvWr::new(1).sge(c));
+    let (e, back) = refused(srq.post_recv(wrs), "one receive more than the SRQ holds")?;
+    let Error::QueueFull { room, .. } = e else {
+        return Err(format!("{e:?}").into());
+    };
+    ensure!(
+        full(&e, "shared receive queue", over, room, 0) && room >= 4,
+        "{e:?}"
+    );
+    ensure!(in_order(&back, over), "SRQ receives back out of order");
+    srq.post_recv(back.into_iter().take(room).map(|c| RecvWr::new(1).sge(c)))?;
+    let (e, back) = refused(
+        srq.post_recv([RecvWr::new(1).sge(chunk(&p.pd, 16, 9)?)]),
+        "a receive past the SRQ's room",
+    )?;
+    ensure!(full(&e, "shared receive queue", 1, 0, room), "{e:?}");
+    ensure!(
+        back.len() == 1 && srq.outstanding() == room,
+        "{}",
+        srq.outstanding()
+    );
+    ensure!(
+        p.a.outstanding_sends() == 0,
+        "a refused call left sends outstanding"
+    );
+    ensure!(e.to_string().contains("room for 0"), "{e}");
     Ok(())
 }
 

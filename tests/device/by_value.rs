@@ -543,6 +543,11 @@ fn template_one(env: &Env) -> Result<(), Failed> {
     ensure!(e.posted == 0 && e.returned.is_empty(), "{e}");
     ensure!(e.to_string().contains("room"), "{e}");
     ensure!(
+        matches!(e.error, rdma_verbs::Error::QueueFull { requests: 1, room: 0, outstanding, .. }
+            if outstanding == room as usize),
+        "{e:?}"
+    );
+    ensure!(
         p.a.outstanding_sends() == room as usize,
         "{} outstanding, not {room}",
         p.a.outstanding_sends()

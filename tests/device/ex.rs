@@ -653,6 +653,11 @@ fn full_queue(env: &Env) -> Result<(), Failed> {
         .err()
         .ok_or("a request beyond the send queue was accepted")?;
     ensure!(e.error.to_string().contains("room for 0"), "{e}");
+    ensure!(
+        matches!(e.error, Error::QueueFull { queue: "send queue", requests: 1, room: 0, outstanding, .. }
+            if outstanding == room),
+        "{e:?}"
+    );
     ensure!(e.returned.len() == 1, "{e:?}");
     ensure!(batch.len() == room, "{} in the batch", batch.len());
     batch.complete()?;

@@ -2,7 +2,7 @@
 //! time (as the production code never needs), so that one test drives
 //! send queues, receive queues and SRQs alike.
 
-use super::{Kind, Ledger, Payload, Released};
+use super::{Error, Kind, Ledger, Payload, Released};
 
 /// A [`Ledger`] of the order `kind` gives it.
 pub(crate) enum AnyLedger<T> {
@@ -54,6 +54,10 @@ impl<T: Payload> AnyLedger<T> {
 
     pub(crate) fn outstanding(&self, tag: u64) -> bool {
         either!(self, l => l.outstanding(tag))
+    }
+
+    pub(crate) fn refusal(&self, verb: &'static str, n: usize) -> Error {
+        either!(self, l => l.refusal(verb, n))
     }
 
     pub(crate) fn take_tag<R>(&mut self, tag: u64, f: impl FnOnce(u64, T) -> R) -> Option<R> {

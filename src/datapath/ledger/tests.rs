@@ -61,6 +61,35 @@ fn no_room_gives_the_payload_back() {
 }
 
 #[test]
+fn the_one_refusal_names_the_queue_and_the_counts_or_the_stamps() {
+    let names = [
+        (Kind::Send, "send queue"),
+        (Kind::Recv, "receive queue"),
+        (Kind::Srq, "shared receive queue"),
+    ];
+    for (kind, name) in names {
+        let mut l = Ledger::new(kind, 3);
+        l.insert(1, ()).unwrap();
+        // Two fit: three do not.
+        match l.refusal("verb", 3) {
+            Error::QueueFull {
+                verb: "verb",
+                queue,
+                requests: 3,
+                room: 2,
+                outstanding: 1,
+            } => assert_eq!(queue, name),
+            e => panic!("{kind:?}: {e:?}"),
+        }
+        // With room, a refused insert ran out of stamps.
+        assert!(matches!(
+            l.refusal("verb", 2),
+            Error::TagsExhausted { verb: "verb" }
+        ));
+    }
+}
+
+#[test]
 fn send_completions_end_everything_before_them() {
     let mut l = Ledger::new(Kind::Send, 8);
     let tags: Vec<u64> = (0..5).map(|i| l.insert(i, i).unwrap()).collect();

@@ -7,12 +7,11 @@ use std::ffi::c_int;
 use super::super::chain::{post_chain, Chain, Room, Scratch, Stack};
 use super::super::completed::PostError;
 use super::super::entries::Loan;
-use super::super::ledger::RecvLedger;
+use super::super::ledger::{Ledger, RecvLedger};
 use super::super::request::RecvWr;
 use super::super::QueuePair;
 use super::fail;
 use super::RecvFacts;
-use crate::error::Error;
 use crate::sys;
 
 impl QueuePair {
@@ -77,28 +76,18 @@ impl QueuePair {
     }
 }
 
-/// The refusal of `n` receive requests when the QP's receive queue has
-/// room for `room` with `held` outstanding.
-#[cold]
-pub(in crate::datapath) fn recv_queue_full(
-    verb: &'static str,
-    n: usize,
-    room: usize,
-    held: usize,
-) -> Error {
-    Error::invalid(
-        verb,
-        format!("{n} request(s) but the receive queue has room for {room} ({held} outstanding)"),
-    )
-}
-
-/// A request the ledger has no stamp left for: refused, its chunks back.
+/// A request the ledger could not take (`ledger.insert` gave its `loan`
+/// back): the ledger's [`refusal`](RecvLedger::refusal), its chunks back.
 #[cold]
 #[inline(never)]
-pub(in crate::datapath) fn tags_exhausted(verb: &'static str, loan: Loan) -> PostError {
+pub(in crate::datapath) fn refused_entry<const RING: bool>(
+    verb: &'static str,
+    ledger: &Ledger<Loan, RING>,
+    loan: Loan,
+) -> PostError {
     let mut back = Vec::new();
     loan.give_back(&mut back);
-    fail(Error::TagsExhausted { verb }, 0, back)
+    fail(ledger.refusal(verb, 1), 0, back)
 }
 
 /// Fills a receive's raw form in place.
@@ -116,7 +105,6 @@ pub(crate) fn post_recv_chain(
     scratch: &mut Scratch<sys::ibv_recv_wr>,
     facts: &RecvFacts,
     reqs: impl Iterator<Item = RecvWr>,
-    no_room: impl FnOnce(usize, usize, usize) -> Error,
     call: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> c_int,
 ) -> Result<(), PostError> {
     // Receives never lend beside their entries: no side table.
@@ -137,7 +125,6 @@ pub(crate) fn post_recv_chain(
         fill_recv,
         |ledger, _, wr: RecvWr| ledger.insert(wr.wr_id, wr.data.into_loan()),
         |wr, out| wr.data.give_back(out),
-        no_room,
         call,
     )
 }

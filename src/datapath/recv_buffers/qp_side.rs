@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::super::entries::Loan;
+use super::super::ledger::RecvLedger;
 use super::super::queues::RecvQueue;
 use super::super::QueuePair;
 use crate::error::Error;
@@ -131,16 +132,8 @@ impl QueuePair {
         facts.floor = floor;
         let (other_pd, room) = (facts.pd as usize != pd, ledger.room());
         if other_pd || facts.max_sge == 0 || size < floor as usize || room < n {
-            let held = ledger.len();
-            return Some(pool_refused(
-                other_pd,
-                facts.max_sge,
-                floor,
-                size,
-                n,
-                room,
-                held,
-            ));
+            let max_sge = facts.max_sge;
+            return Some(pool_refused(other_pd, max_sge, floor, size, n, ledger));
         }
         None
     }
@@ -156,8 +149,7 @@ fn pool_refused(
     floor: u32,
     size: usize,
     n: usize,
-    room: usize,
-    held: usize,
+    ledger: &RecvLedger<Loan>,
 ) -> Error {
     const VERB: &str = "ibv_post_recv";
     if other_pd {
@@ -179,6 +171,6 @@ fn pool_refused(
             ),
         )
     } else {
-        super::super::post::recv_queue_full(VERB, n, room, held)
+        ledger.refusal(VERB, n)
     }
 }
