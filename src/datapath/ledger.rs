@@ -98,8 +98,9 @@
 //! * **Inert payloads need no visit.** A payload is *inert* when dropping
 //!   it does nothing ([`Payload::inert`]: no chunk, no box, no side entry;
 //!   a request from a [`SendTemplate`](super::SendTemplate), whose source
-//!   the QP keeps apart). The ledger counts the outstanding payloads that
-//!   are not inert; when there are none, a send completion whose caller
+//!   the QP keeps apart). A send queue's ledger counts the outstanding
+//!   payloads that are not inert (a receive queue's need no count: its
+//!   completions end one request each); when there are none, a send completion whose caller
 //!   needs no per-request record ([`Ledger::complete_quiet`]) just moves
 //!   `tail`, in constant time, and the slots it passed keep a stale stamp
 //!   and an inert payload, which the window rule never reads and a later
@@ -291,7 +292,9 @@ pub(crate) struct Ledger<T, const RING: bool> {
     /// A power of two, at least `cap` (their count less one: `slots.mask`).
     slots: Slots<T>,
     live: usize,
-    /// How many outstanding payloads are not [inert](Payload::inert).
+    /// How many outstanding payloads are not [inert](Payload::inert), on a
+    /// send queue (the ring: its quiet completion reads it); 0 on a
+    /// receive queue, whose completions end one request each.
     heavy: usize,
     /// The ring (a send queue: requests complete in post order): the
     /// outstanding requests fill the slots `tail..head` (counting inserts,
@@ -493,7 +496,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// Records the request in the slot [`reserve`](Self::reserve) gave.
     #[inline(always)]
     fn fill(&mut self, idx: usize, stamp: u64, wr_id: u64, payload: T) -> u64 {
-        self.heavy += usize::from(!payload.inert());
+        self.count_in(&payload);
         let slot = self.slots.at_mut(idx as u64);
         slot.stamp = stamp;
         slot.wr_id = wr_id;
@@ -501,6 +504,24 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         // passed by a quiet completion may still hold an inert payload.
         slot.load = ManuallyDrop::new(Some(payload));
         self.kind.tag(stamp)
+    }
+
+    /// Counts `payload` in as outstanding (see `heavy`: a send queue's
+    /// count only).
+    #[inline(always)]
+    fn count_in(&mut self, payload: &T) {
+        if RING {
+            self.heavy += usize::from(!payload.inert());
+        }
+    }
+
+    /// Counts `payload` out of `heavy` (see [`count_in`](Self::count_in);
+    /// a field, not `self`, so that a slot may stay borrowed).
+    #[inline(always)]
+    fn count_out(heavy: &mut usize, payload: &T) {
+        if RING {
+            *heavy -= usize::from(!payload.inert());
+        }
     }
 
     /// Frees slot `idx` (its request was taken): on a receive queue it goes
@@ -561,7 +582,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             self.first = idx as u32;
             self.live -= 1;
             let payload = payload?;
-            self.heavy -= usize::from(!payload.inert());
+            Self::count_out(&mut self.heavy, &payload);
             if stamp + 1 == self.next {
                 self.next = stamp;
             }
@@ -572,7 +593,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         }
         let slot = self.slots.at_mut(idx as u64);
         let p = slot.load.take()?;
-        self.heavy -= usize::from(!p.inert());
+        Self::count_out(&mut self.heavy, &p);
         Some((slot.wr_id, p))
     }
 
@@ -615,7 +636,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         let slot = self.slots.at_mut(idx as u64);
         let payload = slot.load.take()?;
         let wr_id = slot.wr_id;
-        self.heavy -= usize::from(!payload.inert());
+        Self::count_out(&mut self.heavy, &payload);
         self.free(idx);
         Some(Released {
             wr_id,
@@ -642,7 +663,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         let slot = self.slots.at_mut(stamp);
         let payload = slot.load.take()?;
         let wr_id = slot.wr_id;
-        self.heavy -= usize::from(!payload.inert());
+        Self::count_out(&mut self.heavy, &payload);
         self.free(idx);
         Some(f(wr_id, payload))
     }
@@ -744,7 +765,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             let slot = self.slots.at_mut(tail + k);
             slot.stamp = 0;
             if let Some(payload) = slot.load.take() {
-                self.heavy -= usize::from(!payload.inert());
+                Self::count_out(&mut self.heavy, &payload);
                 f(Released {
                     wr_id: slot.wr_id,
                     own: k + 1 == n,
