@@ -100,8 +100,9 @@
 //!   a request from a [`SendTemplate`](super::SendTemplate), whose source
 //!   the QP keeps apart). A send queue's ledger counts the outstanding
 //!   payloads that are not inert (a receive queue's need no count: its
-//!   completions end one request each); when there are none, a send completion whose caller
-//!   needs no per-request record ([`Ledger::complete_quiet`]) just moves
+//!   completions end one request each); when there are none, a send
+//!   completion whose caller needs no per-request record
+//!   ([`Ledger::complete_quiet`]) just moves
 //!   `tail`, in constant time, and the slots it passed keep a stale stamp
 //!   and an inert payload, which the window rule never reads and a later
 //!   insert overwrites without dropping (it is `ManuallyDrop`: forgetting
