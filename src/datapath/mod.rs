@@ -44,8 +44,13 @@
 //! requests, the room and what is outstanding), room but no stamp left
 //! [`Error::TagsExhausted`](crate::Error::TagsExhausted). Every way in
 //! refuses through it, after taking its own requests back out (so the
-//! counts are the caller's). What differs between the ways is how the raw
-//! request is built and how a call's requests are taken back out:
+//! counts are the caller's), and every request taken back out before it
+//! reached a device (a refused call's, a panicking iterator's, an aborted
+//! batch's) leaves through one function, `Ledger::undo_last` (which
+//! `pop_newest` calls for a batch's newest), newest first; its stamp may
+//! then be issued again. What differs between the
+//! ways is how the raw request is built and what a call does with the
+//! requests it takes back:
 //!
 //! | ledger | inserted by | used by | the undo of a refused call |
 //! |---|---|---|---|
