@@ -69,6 +69,32 @@
 //! The one-request ways build no refusal of their own: anything but the
 //! common case goes to the plural call, which refuses it with the reason.
 
+//! # The optional layers, and what they leave in the core
+//!
+//! * **Batches** ([`WrBatch`], `ex.rs`) leave nothing: a batch's hold on
+//!   the provider's send-queue lock is a bit of the known state's word,
+//!   which every send post reads anyway.
+//! * **Templates** ([`SendTemplate`], `template.rs`, `pin.rs`) leave the
+//!   send queue's `pins` and one test per send completion
+//!   (`!pins.is_empty()`: 4 instructions a round trip, callgrind's line
+//!   counts). A template dropped while requests from it are outstanding
+//!   hands its source to the QP's pin, and the completion that ends them
+//!   lets go of it at once (the device test
+//!   `by_value::a_template_source_stays_with_the_qp_until_its_requests_end`).
+//!   Tried instead: a handle per request (an `Arc` count per post and per completion, about
+//!   15 instructions a round trip, the cost 1331df5 took off the pools),
+//!   and letting go at the next post or template call (which breaks that
+//!   promise).
+//! * **Receive pools** ([`RecvBuffers`], `recv_buffers.rs`) leave the
+//!   receive queue's `pools`, the inert [`Loan::Pooled`](entries::Loan)
+//!   record and one test of it per receive completion (2 instructions): a
+//!   pool dropped while its buffers are posted keeps its region through
+//!   the QP's pin until the last of them ends, whichever way it ends
+//!   (`reclaim`, RESET; the device test
+//!   `recv_buffers::a_qp_holds_a_pools_region_exactly_while_a_buffer_is_posted`).
+//! * `Ledger::insert_made` writes the constant payload of both in place;
+//!   the plain path never calls it.
+
 mod chain;
 mod completed;
 mod entries;
