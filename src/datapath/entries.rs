@@ -320,12 +320,12 @@ impl Loan {
     /// ones are let go.
     #[inline(always)]
     pub(crate) fn give_owned<E: Extend<Chunk>>(self, out: &mut E) {
-        match self {
-            Loan::One(Lent::Own(c)) => out.extend(Some(c)),
-            Loan::Empty | Loan::Side | Loan::Pooled => {}
+        if let Loan::One(Lent::Own(c)) = self {
+            out.extend(Some(c));
+        } else if !matches!(self, Loan::Empty | Loan::Side | Loan::Pooled) {
             // The rare cases (a clone to drop, a box to take apart) out of
             // line, so that the common ones inline into the caller.
-            other => other.give_rare(out),
+            self.give_rare(out);
         }
     }
 
