@@ -8,7 +8,7 @@
 //! that a matter of ownership, as io_uring bindings do:
 //!
 //! * buffers are [`Chunk`]s: owned, disjoint pieces of a registered region;
-//! * [`SendWr`] and [`RecvWr`](super::RecvWr) take their chunks *by value*; posting moves
+//! * [`SendWr`] and [`RecvWr`] take their chunks *by value*; posting moves
 //!   them into the queue's ledger of outstanding requests, where no Rust
 //!   code can reach them;
 //! * they come back only once the device is provably done with them:

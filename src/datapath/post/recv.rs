@@ -77,7 +77,7 @@ impl QueuePair {
 }
 
 /// A request the ledger could not take (`ledger.insert` gave its `loan`
-/// back): the ledger's [`refusal`](RecvLedger::refusal), its chunks back.
+/// back): the ledger's [`refusal`](Ledger::refusal), its chunks back.
 #[cold]
 #[inline(never)]
 pub(in crate::datapath) fn refused_entry<const RING: bool>(
