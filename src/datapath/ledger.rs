@@ -58,7 +58,8 @@
 //! slot `s & mask`; a free slot has stamp 0, which is never issued.
 //!
 //! * **Every slot index is a number masked to the array.** The array has
-//!   `mask + 1` slots from its creation to its drop (`Slots`), and every
+//!   `mask + 1` slots from its creation to its drop (`Slots`,
+//!   `ledger/slots.rs`, whose fields nothing else reaches), and every
 //!   look-up takes its index as `x & mask`, so none can be out of bounds;
 //!   that is the ledger's `unsafe` look-up (`Slots::at`, no bounds check),
 //!   and the unit tests run every look-up with a debug assertion of it.
@@ -189,77 +190,6 @@ fn take_block() -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Exhausted;
 
-/// One slot: free (`stamp` 0; on a receive queue `wr_id` then links the
-/// free list) or an outstanding request. 48 bytes for the crate's loans:
-/// stamp, the caller's `wr_id`, and a 32-byte payload.
-struct Slot<T> {
-    stamp: u64,
-    wr_id: u64,
-    /// `Some` exactly when `stamp` is not 0. `ManuallyDrop`: dropping the
-    /// slot array visits no slot; [`Ledger`]'s `Drop` takes what is left.
-    load: ManuallyDrop<Option<T>>,
-}
-
-/// A ledger's slot array: a power of two of them, reached by any number
-/// mod their count ([`at`](Slots::at)), with no bounds check.
-struct Slots<T> {
-    /// `mask + 1` slots, for the array's whole life.
-    arr: Box<[Slot<T>]>,
-    mask: u64,
-}
-
-impl<T> Slots<T> {
-    /// `len` (a power of two) free slots, at least one; the free list
-    /// links slot i to i + 1 (the ring ignores the links).
-    fn new(len: usize) -> Self {
-        debug_assert!(len.max(1).is_power_of_two());
-        // At least one slot, so that `mask` is `arr.len() - 1` whatever
-        // the caller passed (and `x & mask` always a slot of the array).
-        let mut arr = Box::<[Slot<T>]>::new_uninit_slice(len.max(1));
-        for (i, s) in arr.iter_mut().enumerate() {
-            s.write(Slot {
-                stamp: 0,
-                wr_id: i as u64 + 1,
-                load: ManuallyDrop::new(None),
-            });
-        }
-        // Written in place rather than collected from an iterator: about
-        // 100 instructions fewer per 16-slot array.
-        // SAFETY: the loop above wrote every element (it cannot stop
-        // early: a write does not panic).
-        let arr = unsafe { arr.assume_init() };
-        Slots {
-            mask: arr.len() as u64 - 1,
-            arr,
-        }
-    }
-
-    #[inline(always)]
-    fn len(&self) -> usize {
-        self.arr.len()
-    }
-
-    /// The slot `x` falls in (`x` mod the slot count).
-    #[inline(always)]
-    fn at(&self, x: u64) -> &Slot<T> {
-        let i = (x & self.mask) as usize;
-        debug_assert!(i < self.arr.len());
-        // `i <= mask`, and `arr.len() == mask + 1` (both set in `new`
-        // from the same non-empty array, neither ever changed).
-        // SAFETY: so `i` is in bounds.
-        unsafe { self.arr.get_unchecked(i) }
-    }
-
-    /// [`at`](Self::at), mutable.
-    #[inline(always)]
-    fn at_mut(&mut self, x: u64) -> &mut Slot<T> {
-        let i = (x & self.mask) as usize;
-        debug_assert!(i < self.arr.len());
-        // SAFETY: as in `at`: `i <= mask == arr.len() - 1`.
-        unsafe { self.arr.get_unchecked_mut(i) }
-    }
-}
-
 /// A request leaving the ledger, and why.
 #[derive(Debug)]
 pub(crate) struct Released<T> {
@@ -290,7 +220,7 @@ pub(crate) struct Ledger<T, const RING: bool> {
     kind: Kind,
     /// The most requests that may be outstanding at once.
     cap: usize,
-    /// A power of two, at least `cap` (their count less one: `slots.mask`).
+    /// A power of two, at least `cap` (their count less one: `slots.mask()`).
     slots: Slots<T>,
     live: usize,
     /// How many outstanding payloads are not [inert](Payload::inert), on a
@@ -377,7 +307,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// The slot a tag of this ledger lives in (whether outstanding or not).
     #[inline]
     pub(crate) fn slot_of(&self, tag: u64) -> usize {
-        (tag & STAMP_MASK & self.slots.mask) as usize
+        (tag & STAMP_MASK & self.slots.mask()) as usize
     }
 
     /// Bytes of the slot array.
@@ -418,7 +348,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if !RING || self.live == 0 {
             return None;
         }
-        let idx = (self.head.wrapping_sub(1) & self.slots.mask) as usize;
+        let idx = (self.head.wrapping_sub(1) & self.slots.mask()) as usize;
         let tag = self.kind.tag(self.slots.at(idx as u64).stamp);
         let (wr_id, payload) = self.undo_last_entry(tag)?;
         Some(Released {
@@ -434,9 +364,9 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// blocks when those are used up.
     #[inline(always)]
     fn stamp_for(&mut self, idx: u64) -> Result<u64, Exhausted> {
-        let mut s = self.next + (idx.wrapping_sub(self.next) & self.slots.mask);
+        let mut s = self.next + (idx.wrapping_sub(self.next) & self.slots.mask());
         if s >= self.end {
-            let (first, end) = new_blocks(self.slots.mask, idx)?;
+            let (first, end) = new_blocks(self.slots.mask(), idx)?;
             s = first;
             self.end = end;
         }
@@ -476,7 +406,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let idx = if RING {
-            self.head & self.slots.mask
+            self.head & self.slots.mask()
         } else {
             u64::from(self.first)
         };
@@ -561,9 +491,9 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
     /// [`undo_last`](Self::undo_last), also giving the caller's `wr_id`.
     pub(crate) fn undo_last_entry(&mut self, tag: u64) -> Option<(u64, T)> {
         let stamp = self.own_stamp(tag)?;
-        let idx = (stamp & self.slots.mask) as usize;
+        let idx = (stamp & self.slots.mask()) as usize;
         if RING {
-            if (self.head.wrapping_sub(1) & self.slots.mask) as usize != idx {
+            if (self.head.wrapping_sub(1) & self.slots.mask()) as usize != idx {
                 return None;
             }
             self.head -= 1;
@@ -605,7 +535,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = tag & STAMP_MASK;
-        let idx = stamp & self.slots.mask;
+        let idx = stamp & self.slots.mask();
         let s = self.slots.at(idx);
         if stamp == 0 || s.stamp != stamp {
             return None;
@@ -613,7 +543,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if RING {
             // Only slots of the window `tail..head` hold outstanding
             // requests (the others may keep a stale stamp).
-            (idx.wrapping_sub(self.tail) & self.slots.mask < self.live as u64).then_some(stamp)
+            (idx.wrapping_sub(self.tail) & self.slots.mask() < self.live as u64).then_some(stamp)
         } else {
             Some(stamp)
         }
@@ -660,7 +590,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = self.own_stamp(tag)?;
-        let idx = (stamp & self.slots.mask) as usize;
+        let idx = (stamp & self.slots.mask()) as usize;
         let slot = self.slots.at_mut(stamp);
         let payload = slot.load.take()?;
         let wr_id = slot.wr_id;
@@ -696,7 +626,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return Some(0);
         };
         // As `end`: the tail up to the request's own slot.
-        let n = (stamp.wrapping_sub(self.tail) & self.slots.mask) + 1;
+        let n = (stamp.wrapping_sub(self.tail) & self.slots.mask()) + 1;
         self.live -= n as usize;
         self.tail += n;
         Some(n as usize)
@@ -721,7 +651,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = self.own_stamp(tag)?;
-        let idx = (stamp & self.slots.mask) as usize;
+        let idx = (stamp & self.slots.mask()) as usize;
         let slot = self.slots.at_mut(stamp);
         let wr_id = slot.wr_id;
         match &*slot.load {
@@ -745,7 +675,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         let Some(stamp) = self.own_stamp(tag) else {
             return 0;
         };
-        let idx = (stamp & self.slots.mask) as usize;
+        let idx = (stamp & self.slots.mask()) as usize;
         if !RING {
             return self.take(idx, true).map_or(0, |r| {
                 f(r);
@@ -756,13 +686,13 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         // Send queues complete in order: everything from the tail up to
         // the request's own slot is done (all of it outstanding: the slots
         // `tail..head` hold exactly the outstanding requests).
-        let n = ((idx as u64).wrapping_sub(tail) & self.slots.mask) + 1;
+        let n = ((idx as u64).wrapping_sub(tail) & self.slots.mask()) + 1;
         self.live -= n as usize;
         self.tail += n;
         // One call site of `f`, so that it is inlined; the ring's slots
         // need no free list, just their stamps cleared.
         for k in 0..n {
-            let i = ((tail + k) & self.slots.mask) as usize;
+            let i = ((tail + k) & self.slots.mask()) as usize;
             let slot = self.slots.at_mut(tail + k);
             slot.stamp = 0;
             if let Some(payload) = slot.load.take() {
@@ -785,13 +715,16 @@ impl<T, const RING: bool> Drop for Ledger<T, RING> {
         if self.live == 0 {
             return;
         }
-        for s in self.slots.arr.iter_mut() {
+        for s in self.slots.iter_mut() {
             drop(s.load.take());
         }
     }
 }
 
+mod slots;
 mod walk;
+
+use slots::{Slot, Slots};
 
 #[cfg(test)]
 mod any;

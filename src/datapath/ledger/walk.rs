@@ -12,8 +12,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if RING || self.live == 0 {
             return false;
         }
-        (self.slots.arr.iter())
-            .any(|s| s.stamp != 0 && s.load.as_ref().is_some_and(|p| f(s.wr_id, p)))
+        (self.slots.iter()).any(|s| s.stamp != 0 && s.load.as_ref().is_some_and(|p| f(s.wr_id, p)))
     }
 
     /// Hands back every outstanding request, oldest first (after the queue
@@ -26,14 +25,14 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         if RING {
             let tail = self.tail;
             for k in 0..n as u64 {
-                let i = ((tail + k) & self.slots.mask) as usize;
+                let i = ((tail + k) & self.slots.mask()) as usize;
                 if let Some(r) = self.take(i, false) {
                     f(r);
                 }
             }
             self.tail += n as u64;
         } else {
-            let mut live: Vec<(u64, usize)> = (self.slots.arr.iter().enumerate())
+            let mut live: Vec<(u64, usize)> = (self.slots.iter().enumerate())
                 .filter(|(_, s)| s.stamp != 0)
                 .map(|(i, s)| (s.stamp, i))
                 .collect();
