@@ -599,32 +599,24 @@ fn a_full_queue_refuses_the_call_whole(env: &Env) -> Result<(), Failed> {
         p.a.caps().max_send_wr as usize,
         p.b.caps().max_recv_wr as usize,
     );
-    for round in 0..2 {
-        let wrs = marked(sends + 1)?
-            .into_iter()
-            .map(|c| SendWr::new(1, SendOp::Send).sge(c));
-        let (e, back) = refused(p.a.post_send(wrs), "one send more than the queue holds")?;
-        ensure!(
-            full(&e, "send queue", sends + 1, sends, 0),
-            "round {round}: {e:?}"
-        );
-        ensure!(
-            in_order(&back, sends + 1),
-            "round {round}: sends back out of order"
-        );
+    // A call of `n` refused whole by a queue with `room`: typed, every
+    // chunk back in request order.
+    let refused_whole = |r, queue: &str, n: usize, room: usize| -> Result<(), Failed> {
+        let (e, back) = refused(r, queue)?;
+        ensure!(full(&e, queue, n, room, 0), "{queue}: {e:?}");
+        ensure!(in_order(&back, n), "{queue}: chunks back out of order");
+        Ok(())
+    };
+    // Twice: a refused call leaves nothing behind to change the second.
+    for _ in 0..2 {
+        let wrs = marked(sends + 1)?;
+        let wrs = wrs.into_iter().map(|c| SendWr::new(1, SendOp::Send).sge(c));
+        refused_whole(p.a.post_send(wrs), "send queue", sends + 1, sends)?;
         let wrs = marked(recvs + 1)?
             .into_iter()
             .map(|c| RecvWr::new(1).sge(c));
         let (_, mut rx) = p.b.split();
-        let (e, back) = refused(rx.post_recv(wrs), "one receive more than the queue holds")?;
-        ensure!(
-            full(&e, "receive queue", recvs + 1, recvs, 0),
-            "round {round}: {e:?}"
-        );
-        ensure!(
-            in_order(&back, recvs + 1),
-            "round {round}: receives back out of order"
-        );
+        refused_whole(rx.post_recv(wrs), "receive queue", recvs + 1, recvs)?;
     }
     // Filled to the brim, then one more through the one-request ways.
     let fill = marked(recvs)?.into_iter().map(|c| RecvWr::new(1).sge(c));
