@@ -561,15 +561,23 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
         self.own_stamp(tag).is_some()
     }
 
-    /// Takes slot `idx`'s request and frees the slot.
+    /// Takes slot `idx`'s request, frees the slot and hands the request
+    /// to `f` (its `wr_id` and payload, moved straight out of the slot);
+    /// `None` if the slot holds none.
     #[inline(always)]
-    fn take(&mut self, idx: usize, own: bool) -> Option<Released<T>> {
+    fn take_with<R>(&mut self, idx: usize, f: impl FnOnce(u64, T) -> R) -> Option<R> {
         let slot = self.slots.at_mut(idx as u64);
         let payload = slot.load.take()?;
         let wr_id = slot.wr_id;
         Self::count_out(&mut self.heavy, &payload);
         self.free(idx);
-        Some(Released {
+        Some(f(wr_id, payload))
+    }
+
+    /// [`take_with`](Self::take_with) as a [`Released`] record.
+    #[inline(always)]
+    fn take(&mut self, idx: usize, own: bool) -> Option<Released<T>> {
+        self.take_with(idx, |wr_id, payload| Released {
             wr_id,
             own,
             payload,
@@ -590,13 +598,7 @@ impl<T: Payload, const RING: bool> Ledger<T, RING> {
             return None;
         }
         let stamp = self.own_stamp(tag)?;
-        let idx = (stamp & self.slots.mask()) as usize;
-        let slot = self.slots.at_mut(stamp);
-        let payload = slot.load.take()?;
-        let wr_id = slot.wr_id;
-        Self::count_out(&mut self.heavy, &payload);
-        self.free(idx);
-        Some(f(wr_id, payload))
+        self.take_with((stamp & self.slots.mask()) as usize, f)
     }
 
     /// [`complete`](Self::complete) for a caller that needs only the
