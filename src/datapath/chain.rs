@@ -331,6 +331,21 @@ fn refuse<W, R: ChainLink, const RING: bool>(
     fail(error, 0, all)
 }
 
+/// A request the ledger could not take (`ledger.insert` gave its `loan`
+/// back): the ledger's [`refusal`](Ledger::refusal), its chunks back: the
+/// refusal of the one-request posts, as [`refuse`] is the chains'.
+#[cold]
+#[inline(never)]
+pub(super) fn refused_entry<const RING: bool>(
+    verb: &'static str,
+    ledger: &Ledger<Loan, RING>,
+    loan: Loan,
+) -> PostError {
+    let mut back = Vec::new();
+    loan.give_back(&mut back);
+    fail(ledger.refusal(verb, 1), 0, back)
+}
+
 /// The owned chunks of a refused request (or loan), in their order.
 #[cold]
 fn chunks_of<W>(w: W, give_back: impl Fn(W, &mut Vec<Chunk>)) -> Vec<Chunk> {

@@ -1,9 +1,10 @@
 //! Extended queue pairs (`ibv_create_qp_ex`) and the `ibv_wr_*` batch: see [`WrBatch`].
 use std::ptr::NonNull;
 
+use super::chain::refused_entry;
 use super::completed::Completed;
 use super::post::SendFacts;
-use super::post::{fail, lend_send, refused_entry};
+use super::post::{fail, lend_send};
 use super::request::{SendOp, SendWr, MAX_SGE};
 use super::{PostError, QpInitAttr, QpType, QueuePair};
 use crate::device_attr::{AtomicCap, DeviceCapFlags};

@@ -71,9 +71,10 @@ use super::completed::{Completed, Completion, PostError};
 use super::entries::Loan;
 use std::sync::Arc;
 
+use super::chain::refused_entry;
 use super::ledger::Kind;
+use super::post::post_recv_chain;
 use super::post::{check_send, fill_send, lend_send, send_refusal};
-use super::post::{post_recv_chain, refused_entry};
 use super::queues::{RecvQueue, SendQueue};
 use super::request::{RecvWr, SendWr};
 use super::{QpState, QpType, QueuePair};

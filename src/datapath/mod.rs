@@ -16,7 +16,7 @@
 //! | `halves.rs` | [`SendHalf`], [`RecvHalf`]: the one implementation of posting and reclaiming; the trace of one send |
 //! | `split.rs` | owned halves and `reunite` |
 //! | `queues.rs` | `Pending`: the send queue's and the receive queue's bookkeeping |
-//! | `chain.rs` | the one post loop and its undo |
+//! | `chain.rs` | the one post loop, its undo, and the refusals of a call (`refuse`, `refused_entry`) |
 //! | `entries.rs` | what a request owns while posted (`Loan`) |
 //! | `ledger.rs` | tags and the table of outstanding requests |
 //! | `request.rs` | [`SendWr`], [`RecvWr`] |

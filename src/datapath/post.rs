@@ -115,7 +115,6 @@ use crate::error::{Error, Result};
 use crate::mr::Chunk;
 use crate::sys;
 pub(crate) use recv::post_recv_chain;
-pub(super) use recv::refused_entry;
 
 /// How many requests of a queue of `max_wr` requests a chain of up to
 /// [`CHAIN_ROOM`] holds at most (the room a staging vector is made with).

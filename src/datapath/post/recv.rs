@@ -7,10 +7,9 @@ use std::ffi::c_int;
 use super::super::chain::{post_chain, Chain, Room, Scratch, Stack};
 use super::super::completed::PostError;
 use super::super::entries::Loan;
-use super::super::ledger::{Ledger, RecvLedger};
+use super::super::ledger::RecvLedger;
 use super::super::request::RecvWr;
 use super::super::QueuePair;
-use super::fail;
 use super::RecvFacts;
 use crate::sys;
 
@@ -74,20 +73,6 @@ impl QueuePair {
     pub fn post_recv_one(&mut self, wr: RecvWr) -> Result<(), PostError> {
         self.recv_half(true).post_recv_one(wr)
     }
-}
-
-/// A request the ledger could not take (`ledger.insert` gave its `loan`
-/// back): the ledger's [`refusal`](Ledger::refusal), its chunks back.
-#[cold]
-#[inline(never)]
-pub(in crate::datapath) fn refused_entry<const RING: bool>(
-    verb: &'static str,
-    ledger: &Ledger<Loan, RING>,
-    loan: Loan,
-) -> PostError {
-    let mut back = Vec::new();
-    loan.give_back(&mut back);
-    fail(ledger.refusal(verb, 1), 0, back)
 }
 
 /// Fills a receive's raw form in place.
