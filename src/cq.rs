@@ -67,6 +67,9 @@ pub struct CompletionQueue {
 
 impl Context {
     /// Creates a completion queue with room for at least `cqe` completions.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::new`].
     #[doc(alias = "ibv_create_cq")]
     pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
         CompletionQueue::new(self, cqe)
@@ -74,6 +77,11 @@ impl Context {
 
     /// Creates a completion queue that signals through `channel`, on
     /// completion vector `comp_vector`.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::new`]; and, before any call,
+    /// [`Error::InvalidArgument`] for a channel of another context or a
+    /// `comp_vector` outside the context's `num_comp_vectors`.
     #[doc(alias = "ibv_create_cq")]
     pub fn create_cq_with_channel(
         &self,
@@ -89,7 +97,10 @@ impl CompletionQueue {
     /// Creates a completion queue on `ctx` with room for at least `cqe`
     /// completions (the device may round up: see [`capacity`](Self::capacity)).
     ///
-    /// `cqe` must be between 1 and the device's `max_cqe`.
+    /// # Errors
+    /// [`Error::InvalidArgument`] before any call when `cqe` is not between
+    /// 1 and the device's `max_cqe`; [`Error::Verb`] with the errno when
+    /// `ibv_create_cq` fails.
     #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
         Self::create(ctx, cqe, None, 0)
@@ -192,6 +203,11 @@ impl CompletionQueue {
 
     /// Asks for a completion event on the CQ's channel at the next
     /// completion (or the next solicited one, if `solicited_only`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a CQ made without a completion
+    /// channel; [`Error::Verb`] with the errno when `ibv_req_notify_cq`
+    /// fails.
     #[doc(alias = "ibv_req_notify_cq")]
     #[inline]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
@@ -222,6 +238,10 @@ impl CompletionQueue {
     /// [`CompletionQueueEx::start_poll`](crate::CompletionQueueEx::start_poll),
     /// whose batch holds the provider's CQ lock (a `poll` on the same
     /// thread during a batch would wait for it forever).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an extended CQ's handle (above);
+    /// [`Error::Verb`] when the provider's poll fails (a negative return).
     #[doc(alias = "ibv_poll_cq")]
     #[inline]
     pub fn poll<'a>(&self, wcs: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
@@ -242,9 +262,11 @@ impl CompletionQueue {
 
     /// Destroys the CQ now, reporting failure.
     ///
-    /// Fails with [`Error::InUse`] while other handles or queue pairs using
-    /// it are alive (the error says how many of each); it is then destroyed
-    /// when the last of them is dropped.
+    /// # Errors
+    /// [`Error::InUse`] while other handles or queue pairs using it are
+    /// alive (the error says how many of each); it is then destroyed when
+    /// the last of them is dropped. [`Error::Verb`] when `ibv_destroy_cq`
+    /// fails (the CQ is then leaked).
     #[doc(alias = "ibv_destroy_cq")]
     pub fn close(self) -> Result<()> {
         close_counted(self.inner, |k| Some(&k.users))

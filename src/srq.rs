@@ -65,6 +65,9 @@ pub struct SharedReceiveQueue {
 impl ProtectionDomain {
     /// Creates a shared receive queue holding `max_wr` receives of up to
     /// `max_sge` entries, with limit `limit` (0: no limit event).
+    ///
+    /// # Errors
+    /// As [`SharedReceiveQueue::new`].
     #[doc(alias = "ibv_create_srq")]
     pub fn create_srq(&self, max_wr: u32, max_sge: u32, limit: u32) -> Result<SharedReceiveQueue> {
         SharedReceiveQueue::new(self, max_wr, max_sge, limit)
@@ -75,6 +78,11 @@ impl SharedReceiveQueue {
     /// Creates a shared receive queue in `pd`. Refused before the call:
     /// `max_wr` of 0 or above the device's `max_srq_wr`, `max_sge` above
     /// `max_srq_sge` or [`MAX_SGE`], a limit above `max_wr`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a device without SRQs (`max_srq` 0);
+    /// [`Error::InvalidArgument`] for the sizes above, before any call;
+    /// [`Error::Verb`] with the errno when `ibv_create_srq` fails.
     #[doc(alias = "ibv_create_srq")]
     pub fn new(pd: &ProtectionDomain, max_wr: u32, max_sge: u32, limit: u32) -> Result<Self> {
         const VERB: &str = "ibv_create_srq";
@@ -191,6 +199,11 @@ impl SharedReceiveQueue {
     /// so it may use this SRQ in any way (post to it, reclaim on it, format
     /// it); its requests are posted after it is done. If it panics, nothing
     /// of this call was recorded or posted.
+    ///
+    /// # Errors
+    /// A [`PostError`]: refused before the call (every chunk handed back
+    /// in it, nothing posted; no room is [`Error::QueueFull`]), or the
+    /// provider failed (the receives stay in the SRQ's ledger, in doubt).
     #[doc(alias = "ibv_post_srq_recv")]
     pub fn post_recv<I>(&self, wrs: I) -> Result<(), PostError>
     where
@@ -290,6 +303,11 @@ impl SharedReceiveQueue {
     /// Fails with [`Error::InUse`] while clones or QPs still use it (then
     /// nothing changes). On a failed destroy the SRQ still exists on the
     /// device, so its receives' chunks are leaked with it.
+    ///
+    /// # Errors
+    /// [`Error::InUse`] while clones or QPs use the SRQ (nothing changes);
+    /// [`Error::Verb`] when `ibv_destroy_srq` fails (the chunks are then
+    /// leaked, never freed under the device).
     #[doc(alias = "ibv_destroy_srq")]
     pub fn close_and_reclaim(self) -> Result<Vec<Completed>> {
         let owned = take_last(self.inner, |k| Some(&*k.users))?;
@@ -303,6 +321,10 @@ impl SharedReceiveQueue {
 
     /// Arms the limit event: when fewer than `limit` receives remain, the
     /// device raises `IBV_EVENT_SRQ_LIMIT_REACHED` (once; arm again after).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the errno when `ibv_modify_srq` fails (the
+    /// device refused the limit).
     #[doc(alias = "ibv_modify_srq")]
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let mut attr = sys::ibv_srq_attr {
@@ -322,6 +344,9 @@ impl SharedReceiveQueue {
     }
 
     /// The SRQ's current `(max_wr, max_sge, srq_limit)`.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] with the errno when `ibv_query_srq` fails.
     #[doc(alias = "ibv_query_srq")]
     pub fn query(&self) -> Result<(u32, u32, u32)> {
         let mut attr = sys::ibv_srq_attr::default();
@@ -333,6 +358,10 @@ impl SharedReceiveQueue {
 
     /// Destroys the SRQ now, reporting failure; [`Error::InUse`] while
     /// clones or QPs still use it (the error says how many of each).
+    ///
+    /// # Errors
+    /// [`Error::InUse`] as above (nothing changes); [`Error::Verb`] when
+    /// `ibv_destroy_srq` fails (the SRQ is then leaked).
     #[doc(alias = "ibv_destroy_srq")]
     pub fn close(self) -> Result<()> {
         close_counted(self.inner, |k| Some(&k.users))

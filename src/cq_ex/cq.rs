@@ -111,6 +111,7 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
     /// Creates the CQ (`ibv_create_cq_ex` with `wc_flags` = exactly the
     /// fields asked for).
     ///
+    /// # Errors
     /// Refused before the call: `cqe` outside 1..=`max_cqe`, a channel of
     /// another context, a completion vector the context lacks
     /// ([`Error::InvalidArgument`]); timestamps on a device whose
@@ -330,6 +331,9 @@ impl<F: FieldSet> CompletionQueueEx<F> {
 
     /// Asks for a completion event on the CQ's channel, as
     /// [`CompletionQueue::req_notify`].
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::req_notify`].
     #[doc(alias = "ibv_req_notify_cq")]
     #[inline]
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
@@ -344,8 +348,11 @@ impl<F: FieldSet> CompletionQueueEx<F> {
     }
 
     /// Destroys the CQ now, reporting failure; as
-    /// [`CompletionQueue::close`] (fails with [`Error::InUse`] while queue
-    /// pairs use it).
+    /// [`CompletionQueue::close`].
+    ///
+    /// # Errors
+    /// [`Error::InUse`] while queue pairs use it; [`Error::Verb`] when
+    /// `ibv_destroy_cq` fails (the CQ is then leaked).
     #[doc(alias = "ibv_destroy_cq")]
     pub fn close(self) -> Result<()> {
         self.cq.close()

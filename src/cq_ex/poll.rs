@@ -27,11 +27,13 @@ impl<F: FieldSet> CompletionQueueEx<F> {
     /// (`ENOENT`; nothing to end), else a batch whose first
     /// [`next`](CqPoll::next) yields the completion found.
     ///
+    /// # Errors
     /// A batch that was leaked while open (`std::mem::forget` of a
     /// [`CqPoll`]) left the provider's CQ lock held, so another
     /// `ibv_start_poll` would spin forever: then this is refused with
     /// [`Error::GuardLeaked`], now and for good (the CQ can only be closed,
-    /// once its queue pairs are gone).
+    /// once its queue pairs are gone). [`Error::Verb`] when
+    /// `ibv_start_poll` fails otherwise than with `ENOENT`.
     #[doc(alias = "ibv_start_poll")]
     #[inline]
     pub fn start_poll(&mut self) -> Result<Option<CqPoll<'_, F>>> {
@@ -103,6 +105,10 @@ impl<F: FieldSet> CqPoll<'_, F> {
     /// (and from then on, without calling anything).
     ///
     /// The completion borrows the batch, so it is gone before the next call.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when `ibv_next_poll` fails otherwise than with
+    /// `ENOENT`; the batch is over then (later calls answer `None`).
     #[doc(alias = "ibv_next_poll")]
     #[allow(clippy::should_implement_trait)] // a lending iterator: no `Iterator`
     #[inline]

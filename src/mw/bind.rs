@@ -36,11 +36,14 @@ impl<'a> MwBind<'a> {
     /// Binds bytes `offset..offset + len` of `mr` with the remote rights
     /// `access` (`REMOTE_READ`, `REMOTE_WRITE`, `REMOTE_ATOMIC`).
     ///
+    /// A bind's [`remote_addr`](Self::remote_addr) is always an address of
+    /// the region. The other rules of the [module docs](crate::mw) are
+    /// checked when the bind is posted.
+    ///
+    /// # Errors
     /// [`Error::InvalidArgument`] when the range is empty or does not lie
     /// inside the region (`offset + len` past its end, or beyond
-    /// `usize::MAX`): so a bind's [`remote_addr`](Self::remote_addr) is
-    /// always an address of the region. The other rules of the
-    /// [module docs](crate::mw) are checked when the bind is posted.
+    /// `usize::MAX`).
     pub fn new<B>(
         mr: &'a MemoryRegion<B>,
         offset: usize,
@@ -275,6 +278,13 @@ impl QueuePair {
     /// chunks. The rules of the [module docs](crate::mw) are checked first.
     /// If the provider fails, the request stays outstanding as a failed
     /// post's do ([`PostError`]), and the window keeps both regions.
+    ///
+    /// # Errors
+    /// A [`PostError`]: refused before any call by the rules of the
+    /// [module docs](crate::mw) or a full send queue
+    /// ([`Error::QueueFull`]), the window
+    /// unchanged; or the provider failed (the request outstanding, in
+    /// doubt).
     #[doc(alias = "ibv_bind_mw")]
     #[doc(alias = "IBV_WR_BIND_MW")]
     pub fn bind_mw(&mut self, mw: &mut MemoryWindow, bind: &MwBind<'_>) -> Result<u32, PostError> {
@@ -332,6 +342,11 @@ impl QueuePair {
     /// not in RTS, another PD. Like a bind, it takes a send-queue slot and
     /// [`reclaim`](Self::reclaim) ends it; the region stays registered
     /// until then (or until a RESET or the QP's destruction).
+    ///
+    /// # Errors
+    /// A [`PostError`]: refused before any call as above, the window
+    /// unchanged; or the provider failed (the request outstanding, in
+    /// doubt).
     #[doc(alias = "ibv_bind_mw")]
     pub fn unbind_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<u32, PostError> {
         const VERB: &str = "ibv_bind_mw";

@@ -22,6 +22,12 @@ impl QueuePair {
     /// completion is reclaimed (or the QP is reset or destroyed). Refused
     /// before any call: type 1 windows (which are unbound with
     /// [`unbind_mw`](Self::unbind_mw)), a QP not in RTS, another PD.
+    ///
+    /// # Errors
+    /// A [`PostError`]: refused before any call as above or for a full
+    /// send queue ([`Error::QueueFull`]), the
+    /// window unchanged; or the provider failed (the request outstanding,
+    /// in doubt).
     #[doc(alias = "IBV_WR_LOCAL_INV")]
     pub fn invalidate_mw(&mut self, wr_id: u64, mw: &mut MemoryWindow) -> Result<(), PostError> {
         const VERB: &str = "ibv_post_send";

@@ -115,9 +115,11 @@ pub struct MemoryWindow {
 impl ProtectionDomain {
     /// Allocates a memory window of type `ty` in this PD.
     ///
+    /// # Errors
     /// [`Error::Unsupported`] on a device without memory windows
     /// (`IBV_DEVICE_MEM_WINDOW`), or for type 2 without
-    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A`/`_2B`, before any call.
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A`/`_2B`, before any call;
+    /// [`Error::Verb`] when `ibv_alloc_mw` fails.
     #[doc(alias = "ibv_alloc_mw")]
     pub fn alloc_mw(&self, ty: MwType) -> Result<MemoryWindow> {
         MemoryWindow::new(self, ty)
@@ -127,6 +129,9 @@ impl ProtectionDomain {
 impl MemoryWindow {
     /// Allocates a memory window of type `ty` in `pd` (see
     /// [`ProtectionDomain::alloc_mw`]).
+    ///
+    /// # Errors
+    /// As [`ProtectionDomain::alloc_mw`].
     #[doc(alias = "ibv_alloc_mw")]
     pub fn new(pd: &ProtectionDomain, ty: MwType) -> Result<Self> {
         let ctx = pd.context();
@@ -221,10 +226,11 @@ impl MemoryWindow {
 
     /// Deallocates the window now, reporting failure.
     ///
-    /// Fails with [`Error::InUse`] while a posted bind or invalidation
-    /// still holds it; it is then deallocated when the last of them ends.
-    /// On failure of `ibv_dealloc_mw` the window and the region it holds
-    /// are leaked.
+    /// # Errors
+    /// [`Error::InUse`] while a posted bind or invalidation still holds
+    /// the window; it is then deallocated when the last of them ends.
+    /// [`Error::Verb`] when `ibv_dealloc_mw` fails:
+    /// the window and the region it holds are then leaked.
     #[doc(alias = "ibv_dealloc_mw")]
     pub fn close(self) -> Result<()> {
         close_shared(self.inner)

@@ -88,9 +88,11 @@ impl AsyncCq {
     /// (completion vector 0) and registers the channel with the current
     /// tokio runtime.
     ///
-    /// Fails with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
-    /// outside a tokio runtime, and as [`Context::create_cq`] does for a bad
-    /// `cqe`.
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) outside a
+    /// tokio runtime (nothing created); what [`Context::create_cq`] and
+    /// `ibv_create_comp_channel` answer, for a bad `cqe` among others; an
+    /// I/O error when the runtime cannot watch the channel's descriptor.
     #[doc(alias = "ibv_create_comp_channel")]
     #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
@@ -98,6 +100,11 @@ impl AsyncCq {
     }
 
     /// As [`new`](Self::new), on completion vector `comp_vector`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); a `comp_vector` the device does not have is
+    /// refused before any call (as [`Context::create_cq_with_channel`]
+    /// refuses it).
     pub fn with_vector(ctx: &Context, cqe: u32, comp_vector: u32) -> Result<Self> {
         // Checked before anything is created.
         super::in_runtime("ibv_create_comp_channel")?;
@@ -138,6 +145,7 @@ impl AsyncCq {
     /// sleep that ends within `limit` restores it, so an idle CQ soon stops
     /// costing a core and a busy one spins again.
     ///
+    /// # Errors
     /// A limit above 10 ms is refused ([`Error::OutOfRange`](crate::Error::OutOfRange),
     /// nothing changed): a spin that long stalls every other task of the
     /// worker thread.
@@ -161,6 +169,11 @@ impl AsyncCq {
     /// Cancel safe: the future waits only for the channel's readiness;
     /// completions it polls are returned in the same step, so dropping it
     /// loses none (they stay in the CQ for the next call).
+    ///
+    /// # Errors
+    /// What `ibv_poll_cq`, `ibv_req_notify_cq` or `ibv_get_cq_event`
+    /// answer when they fail, and an I/O error from the runtime's wait on
+    /// the channel; the CQ's completions stay in it.
     #[doc(alias = "ibv_poll_cq")]
     pub async fn poll<'a>(
         &mut self,
@@ -183,6 +196,9 @@ impl AsyncCq {
     ///
     /// Cancel safe: as [`poll`](Self::poll); completions polled into the
     /// buffer are kept there in the same step.
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
     pub async fn ready(&mut self) -> Result<()> {
         if self.len > 0 {
             return Ok(());
@@ -197,6 +213,9 @@ impl AsyncCq {
     /// Polls up to `wcs.len()` completions without waiting (the CQ's
     /// [`poll`](CompletionQueue::poll), after any completion a stream has
     /// read and not yielded yet).
+    ///
+    /// # Errors
+    /// What `ibv_poll_cq` answers when it fails.
     pub fn try_poll<'a>(
         &mut self,
         wcs: &'a mut [WorkCompletion],

@@ -130,7 +130,11 @@ impl SharedCq {
     ///
     /// `cqe` must hold every completion the QPs on it can have outstanding
     /// at once (their send and receive queue depths added up), as for any
-    /// CQ. Fails outside a tokio runtime (typed, nothing created).
+    /// CQ.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] outside a tokio runtime (nothing
+    /// created), and what [`AsyncCq::new`](super::AsyncCq::new) answers.
     #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
         let acq = AsyncCq::new(ctx, cqe)?;
@@ -155,9 +159,10 @@ impl SharedCq {
     /// Routes `qp`'s completions (by its QP number) to the returned queue,
     /// first those a dropped `QpCompletions` of the same QP number left.
     ///
-    /// Fails with [`Error::InvalidArgument`] when the QP is not on this CQ
-    /// (neither its send nor its receive CQ), and when its number is
-    /// registered already (until that [`QpCompletions`] is dropped).
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the QP is not on this CQ (neither
+    /// its send nor its receive CQ), and when its number is registered
+    /// already (until that [`QpCompletions`] is dropped).
     pub fn register(&self, qp: &QueuePair) -> Result<QpCompletions> {
         if !qp.uses_cq(&self.shared.cq) {
             return Err(Error::invalid(
@@ -238,6 +243,11 @@ impl QpCompletions {
     /// Cancel safe: the future waits only for a notification; the QP's
     /// completions stay in its queue until a call moves them into its
     /// buffer, in the same step as it returns.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] once the routing task's poll of the CQ failed (the
+    /// verb and its errno), after the completions it routed before are
+    /// taken.
     pub async fn poll<'a>(
         &mut self,
         wcs: &'a mut [WorkCompletion],
@@ -255,6 +265,9 @@ impl QpCompletions {
 
     /// Moves up to `wcs.len()` of the QP's completions that have arrived
     /// into `wcs`, without waiting.
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
     pub fn try_poll<'a>(
         &mut self,
         wcs: &'a mut [WorkCompletion],
