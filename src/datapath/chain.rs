@@ -341,9 +341,7 @@ pub(super) fn refused_entry<const RING: bool>(
     ledger: &Ledger<Loan, RING>,
     loan: Loan,
 ) -> PostError {
-    let mut back = Vec::new();
-    loan.give_back(&mut back);
-    fail(ledger.refusal(verb, 1), 0, back)
+    fail(ledger.refusal(verb, 1), 0, chunks_of(loan, Loan::give_back))
 }
 
 /// The owned chunks of a refused request (or loan), in their order.

@@ -73,8 +73,7 @@ use std::sync::Arc;
 
 use super::chain::refused_entry;
 use super::ledger::Kind;
-use super::post::post_recv_chain;
-use super::post::{check_send, fill_send, lend_send, send_refusal};
+use super::post::{check_send, fill_send, lend_send, post_recv_chain, send_refusal};
 use super::queues::{RecvQueue, SendQueue};
 use super::request::{RecvWr, SendWr};
 use super::{QpState, QpType, QueuePair};

@@ -91,8 +91,9 @@ impl AsyncCq {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) outside a
     /// tokio runtime (nothing created); what [`Context::create_cq`] and
-    /// `ibv_create_comp_channel` answer, for a bad `cqe` among others; an
-    /// I/O error when the runtime cannot watch the channel's descriptor.
+    /// `ibv_create_comp_channel` answer, for a bad `cqe` among others;
+    /// [`Error::Verb`](crate::Error::Verb) naming `epoll_ctl` when the
+    /// runtime cannot watch the channel's descriptor.
     #[doc(alias = "ibv_create_comp_channel")]
     #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
@@ -172,8 +173,9 @@ impl AsyncCq {
     ///
     /// # Errors
     /// What `ibv_poll_cq`, `ibv_req_notify_cq` or `ibv_get_cq_event`
-    /// answer when they fail, and an I/O error from the runtime's wait on
-    /// the channel; the CQ's completions stay in it.
+    /// answer when they fail, and [`Error::Verb`](crate::Error::Verb)
+    /// naming `epoll_wait` when the runtime's wait on the channel fails;
+    /// the CQ's completions stay in it.
     #[doc(alias = "ibv_poll_cq")]
     pub async fn poll<'a>(
         &mut self,
