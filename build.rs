@@ -323,6 +323,10 @@ fn main() {
         .derive_debug(true)
         .layout_tests(false)
         .generate_comments(true)
+        // Formatted in-process, never by a `rustfmt` that may be missing
+        // (Debian's packaged rustc, rustup's minimal profile): the probes and
+        // `with_compat` read the bindings as this formatter writes them.
+        .formatter(bindgen::Formatter::Prettyplease)
         .wrap_static_fns(true)
         .wrap_static_fns_path(&static_fns)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));

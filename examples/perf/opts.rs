@@ -350,7 +350,7 @@ pub fn parse(args: &[String]) -> Result<Opts, String> {
         );
     }
     o.cq_mod = o.cq_mod.min(o.tx_depth);
-    if !lat && o.post_list > 1 && !o.cq_mod.is_multiple_of(o.post_list) {
+    if !lat && o.post_list > 1 && o.cq_mod % o.post_list != 0 {
         let m = (o.cq_mod - o.cq_mod % o.post_list).max(o.post_list);
         eprintln!(
             "perf: -Q {} is not a multiple of the post list {}: using {m}",

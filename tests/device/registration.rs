@@ -84,7 +84,7 @@ fn chosen_iova(env: &Env) -> Result<(), Failed> {
 /// page-aligned buffer), and one whose range runs past 2^64.
 fn iova_refusals(p: &Pair) -> Result<(), Failed> {
     let odd = vec![0u8; LEN].into_boxed_slice();
-    if !(odd.as_ptr() as usize).is_multiple_of(rdma_verbs::page_size()) {
+    if (odd.as_ptr() as usize) % rdma_verbs::page_size() != 0 {
         let r =
             p.pd.register_owned_at(odd, ALL_REMOTE, 0)
                 .err()

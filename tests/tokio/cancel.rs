@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use libtest_mimic::Failed;
@@ -78,7 +78,8 @@ fn send_n(
 
 /// Polls `fut` once with a waker that does nothing.
 fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> Poll<F::Output> {
-    let mut cx = TaskContext::from_waker(Waker::noop());
+    let waker = crate::noop_waker();
+    let mut cx = TaskContext::from_waker(&waker);
     fut.poll(&mut cx)
 }
 

@@ -166,7 +166,8 @@ fn dropped_waits(env: &Env) -> Result<(), Failed> {
             // dropped before the answer.
             let param = ConnParam::new();
             let mut fut = pin!(cch.connect(&id, &param));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let waker = crate::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
             ensure!(fut.as_mut().poll(&mut cx).is_pending(), "connected at once");
         }
         let mut req = sch.get_request(&listener).await?;
@@ -178,7 +179,8 @@ fn dropped_waits(env: &Env) -> Result<(), Failed> {
         {
             let param = ConnParam::new();
             let mut fut = pin!(sch.accept(&sid, &param));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let waker = crate::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
             let _ = fut.as_mut().poll(&mut cx);
         }
         let ev = tokio::time::timeout(crate::limit(), cch.expect(&id, CmEventKind::Established))

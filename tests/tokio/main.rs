@@ -60,3 +60,13 @@ where
 pub fn limit() -> Duration {
     common::deadline()
 }
+
+/// A waker that does nothing, for polling a future once by hand (what
+/// `Waker::noop` does on Rust 1.85 and later; the crate's floor is older).
+pub fn noop_waker() -> std::task::Waker {
+    struct Noop;
+    impl std::task::Wake for Noop {
+        fn wake(self: std::sync::Arc<Self>) {}
+    }
+    std::task::Waker::from(std::sync::Arc::new(Noop))
+}
