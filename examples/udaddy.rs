@@ -38,7 +38,8 @@
 //! Difference from C, where the crate cannot do what C does:
 //! `-f gid` (AF_IB addresses, which `std::net::SocketAddr` cannot hold)
 //! fails as a lookup in an unsupported family does
-//! (`udaddy: getaddrinfo error: ai_family not supported`).
+//! (`udaddy: getaddrinfo error: ai_family not supported`; from rdma-core 52
+//! `rdma_getaddrinfo error: ...`, as that release's C program words it).
 
 #![forbid(unsafe_code)]
 
@@ -211,7 +212,7 @@ impl Udaddy {
         let (src, dst) = match self.client_addrs() {
             Ok(a) => a,
             Err(g) => {
-                say(format_args!("udaddy: getaddrinfo error: {}", g.text));
+                say(format_args!("{}: {}", getaddrinfo_error(), g.text));
                 return g.code;
             }
         };
@@ -443,5 +444,18 @@ impl Udaddy {
                 -1
             }
         }
+    }
+}
+
+/// How the C program of the rdma-core this runs with words a failed
+/// address lookup: rdma-core 52 moved it into the examples' shared helper
+/// (`librdmacm/examples/common.c`, "rdma_getaddrinfo error"); before, udaddy
+/// said "udaddy: getaddrinfo error".
+fn getaddrinfo_error() -> &'static str {
+    let release = rdma_verbs::sys::loaded_libibverbs().and_then(|l| l.release);
+    if release.is_some_and(|r| r >= 52) {
+        "rdma_getaddrinfo error"
+    } else {
+        "udaddy: getaddrinfo error"
     }
 }

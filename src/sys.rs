@@ -120,6 +120,13 @@ pub fn loaded_libibverbs() -> Option<LoadedLibrary> {
     Some(LoadedLibrary { path, release })
 }
 
+/// The rdma-core release of the libibverbs this process runs with
+/// ([`loaded_libibverbs`]), found once.
+pub(crate) fn loaded_release() -> Option<u32> {
+    static RELEASE: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *RELEASE.get_or_init(|| loaded_libibverbs().and_then(|l| l.release))
+}
+
 /// A decimal number, or `None` (the build script writes `unknown`).
 const fn parse_release(s: &str) -> Option<u32> {
     let b = s.as_bytes();

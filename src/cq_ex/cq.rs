@@ -6,7 +6,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::{has, FieldSet, Fields, NoFields, On, RXE_VENDOR_ID};
+use super::{enoent_ends_batch, has, FieldSet, Fields, NoFields, On, RXE_VENDOR_ID};
 use crate::channel::CompletionChannel;
 use crate::context::Context;
 use crate::cq::CompletionQueue;
@@ -252,6 +252,7 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
             cq,
             raw,
             rxe: attr.vendor_id == RXE_VENDOR_ID,
+            enoent_ends: enoent_ends_batch(attr.vendor_id, crate::sys::loaded_release()),
             open: false,
             _f: PhantomData,
         })
@@ -290,8 +291,11 @@ pub(super) fn last_errno() -> i32 {
 pub struct CompletionQueueEx<F: FieldSet> {
     cq: CompletionQueue,
     pub(super) raw: NonNull<sys::ibv_cq_ex>,
-    /// rxe: `ibv_next_poll`'s `ENOENT` ends the batch itself.
+    /// rxe: `ibv_next_poll`'s `ENOENT` releases the CQ lock.
     pub(super) rxe: bool,
+    /// rxe before rdma-core 55: that `ENOENT` also ends the batch, and no
+    /// `ibv_end_poll` is due (module docs).
+    pub(super) enoent_ends: bool,
     /// A batch holds the provider's CQ lock (`ibv_start_poll` ran and
     /// neither `ibv_end_poll` nor the provider ended it). Still set when no
     /// `CqPoll` is alive means one was leaked (`mem::forget`).

@@ -51,22 +51,33 @@
 //!
 //! The man page (`ibv_create_cq_ex(3)`) says `ibv_end_poll` follows every
 //! successful `ibv_start_poll`, including after `ibv_next_poll` reported
-//! `ENOENT`. The soft-RoCE provider does not work that way (rdma-core's
-//! `providers/rxe/rxe.c`, `cq_next_poll` and `cq_end_poll`): its
-//! `next_poll`, on finding the queue empty, itself stores the consumer
-//! index and releases the CQ lock, and its `end_poll` always advances the
-//! index once more and then unlocks. Calling `ibv_end_poll` after an
-//! `ENOENT` of `ibv_next_poll` on rxe therefore moves the consumer index one
-//! past the producer (the CQ then reads stale entries as new ones, or loses
-//! a ring's worth) and unlocks a lock that is not held. Other providers
-//! (mlx5 among them) keep the lock in `next_poll` and need `ibv_end_poll`.
+//! `ENOENT`. The soft-RoCE provider (rdma-core's `providers/rxe/rxe.c`,
+//! `cq_next_poll` and `cq_end_poll`) releases the CQ lock in `next_poll`
+//! when it finds the queue empty, and what its `end_poll` does then
+//! changed in rdma-core 55 ("rxe: fix completion queue consumer index
+//! overrun"):
+//!
+//! * Before 55, `next_poll` consumed the current completion itself (it
+//!   advanced the consumer index first), and `end_poll` always advances it
+//!   once more: an `ibv_end_poll` after that `ENOENT` moves the index one
+//!   past the producer (the CQ then reads stale entries as new ones, or
+//!   loses a ring's worth). There the batch is over without it.
+//! * From 55, `next_poll` leaves the current completion in the queue, and
+//!   the `ibv_end_poll` the man page asks for consumes it. Without it the
+//!   last completion of every batch is read again by the next one.
 //!
 //! So on rxe, recognised by its vendor id `0xFFFFFF` (`RXE_VENDOR_ID` in the
 //! kernel's `drivers/infiniband/sw/rxe/rxe_param.h`, what `ibv_devinfo`
-//! reports as `vendor_id` for an rxe device), a batch that `ibv_next_poll`
-//! ended with `ENOENT` is not followed by `ibv_end_poll`; a batch dropped
-//! earlier is (rxe's `end_poll` then consumes the current completion, as
-//! intended). On every other device `ibv_end_poll` ends every batch.
+//! reports as `vendor_id` for an rxe device), with a libibverbs older than
+//! 55 (the release [`sys::loaded_libibverbs`](crate::sys::loaded_libibverbs)
+//! names; the provider is of the same rdma-core), a batch that
+//! `ibv_next_poll` ended with `ENOENT` is not followed by `ibv_end_poll`;
+//! a batch dropped earlier is (rxe's `end_poll` then consumes the current
+//! completion, as intended). A release the library's name does not say is
+//! taken for an older one: a completion read twice ends nothing the second
+//! time (see [`QueuePair::reclaim`](crate::QueuePair::reclaim)), while an
+//! index past the producer reads entries the device never wrote. On every
+//! other device and release `ibv_end_poll` ends every batch.
 //!
 //! ```no_run
 //! use rdma_verbs::{Context, QpInitAttr, QpType};
@@ -110,6 +121,14 @@ pub use wc::PolledWc;
 /// kernel's `drivers/infiniband/sw/rxe/rxe_param.h`.
 pub(crate) const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
 
+/// Whether an `ENOENT` of `ibv_next_poll` ends the batch itself, with no
+/// `ibv_end_poll` due, on a device of `vendor_id` whose provider is of
+/// rdma-core `release`: rxe before 55, or of a release not known (see the
+/// module docs).
+pub(crate) fn enoent_ends_batch(vendor_id: u32, release: Option<u32>) -> bool {
+    vendor_id == RXE_VENDOR_ID && release.is_none_or(|r| r < 55)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +137,15 @@ mod tests {
     fn rxe_vendor_id_is_the_kernels() {
         // RXE_VENDOR_ID in drivers/infiniband/sw/rxe/rxe_param.h.
         assert_eq!(RXE_VENDOR_ID, 0xFF_FFFF);
+    }
+
+    #[test]
+    fn rxe_before_55_ends_the_batch_at_enoent() {
+        assert!(enoent_ends_batch(RXE_VENDOR_ID, Some(44)));
+        assert!(enoent_ends_batch(RXE_VENDOR_ID, Some(54)));
+        assert!(enoent_ends_batch(RXE_VENDOR_ID, None));
+        assert!(!enoent_ends_batch(RXE_VENDOR_ID, Some(55)));
+        assert!(!enoent_ends_batch(RXE_VENDOR_ID, Some(65)));
+        assert!(!enoent_ends_batch(0x02c9, Some(44))); // mlx5
     }
 }

@@ -73,8 +73,8 @@ enum Batch {
     /// `next` yielded the current completion.
     Current,
     /// The CQ had no more (or `ibv_next_poll` failed); `next` calls nothing.
-    /// `released`: the provider ended the batch itself (rxe's `ENOENT`), so
-    /// `ibv_end_poll` must not be called.
+    /// `released`: the provider ended the batch itself (rxe's `ENOENT`
+    /// before rdma-core 55), so `ibv_end_poll` must not be called.
     Over { released: bool },
 }
 
@@ -89,7 +89,9 @@ enum Batch {
 /// [`start_poll`](CompletionQueueEx::start_poll) is refused with
 /// [`Error::GuardLeaked`] instead of spinning forever. On rxe a batch that
 /// [`next`](Self::next) ran to its end holds no lock any more, so leaking
-/// it then costs nothing. Some providers (mlx5) also take the CQ's lock
+/// it then holds nothing (from rdma-core 55 its last completion, which the
+/// `ibv_end_poll` it missed would have consumed, comes again in the next
+/// batch, and ends nothing there). Some providers (mlx5) also take the CQ's lock
 /// when a QP using the CQ is moved to RESET or destroyed: there, after such
 /// a leak, those calls would wait forever; rxe's do not take it.
 #[doc(alias = "ibv_start_poll")]
@@ -126,7 +128,7 @@ impl<F: FieldSet> CqPoll<'_, F> {
                     None => {}
                     Some(libc::ENOENT) => {
                         self.state = Batch::Over {
-                            released: self.cq.rxe,
+                            released: self.cq.enoent_ends,
                         };
                         // rxe released its lock: a leak from here on holds none.
                         self.cq.open = !self.cq.rxe;

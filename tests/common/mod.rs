@@ -173,6 +173,26 @@ pub fn run_with(
     needs: &[(&'static str, Need)],
     args: Arguments,
 ) -> ExitCode {
+    run_ignoring(binary, tests, needs, &[], args)
+}
+
+/// [`run_with`], where the tests `ignored` names (full names) are reported
+/// ignored with the reason beside each: what they compare does not exist
+/// here (a C program of another shape), never what they check failing.
+pub fn run_ignoring(
+    binary: &str,
+    tests: &[(&'static str, TestFn)],
+    needs: &[(&'static str, Need)],
+    ignored: &[(&'static str, String)],
+    args: Arguments,
+) -> ExitCode {
+    for (name, why) in ignored {
+        if !tests.iter().any(|&(t, _)| t == *name) {
+            eprintln!("{binary}: `{name}` is no test");
+            return ExitCode::FAILURE;
+        }
+        eprintln!("{binary}: SKIPPED {name}: {why}");
+    }
     for &(pat, _) in needs {
         if !tests.iter().any(|&(name, _)| matches_need(name, pat)) {
             eprintln!("{binary}: the need `{pat}` names no test");
@@ -225,7 +245,13 @@ pub fn run_with(
                 .iter()
                 .filter(|&&(pat, _)| matches_need(name, pat))
                 .find_map(|&(_, need)| refused.iter().find(|(n, _)| *n == need))
-                .map(|(need, why)| format!("needs {need:?}: {why}"));
+                .map(|(need, why)| format!("needs {need:?}: {why}"))
+                .or_else(|| {
+                    ignored
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map(|(_, w)| w.clone())
+                });
             Trial::ignorable_test(name, move || {
                 if let Some(why) = why {
                     return Ok(Completion::ignored_with(why));
