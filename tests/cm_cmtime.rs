@@ -60,35 +60,60 @@ const SAME_AS_C: [&str; 3] = [
     "cm_cmtime::bad_option_same_as_c",
 ];
 
+/// And the two that need its server.
+const C_SERVER: [&str; 2] = [
+    "cm_cmtime::rust_client_c_server",
+    "cm_cmtime::rust_client_bind_c_server",
+];
+
 fn main() -> std::process::ExitCode {
     // Fixed ports and one device: one run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
     let ignored = match rewritten_c_cmtime() {
-        Some(why) => SAME_AS_C.iter().map(|&n| (n, why.clone())).collect(),
+        Some((why, server_too)) => SAME_AS_C
+            .iter()
+            .chain(if server_too { &C_SERVER[..] } else { &[] })
+            .map(|&n| (n, why.clone()))
+            .collect(),
         None => Vec::new(),
     };
     common::run_ignoring("cm_cmtime", TESTS, &[], &ignored, args)
 }
 
 /// Why the C `cmtime` here is not the program the example ports, if it is
-/// not: rdma-core 52 rewrote it (a TCP connection beside the RDMA CM that
-/// keeps client and server in step, worker threads, `-S` for a socket
-/// baseline; "librdmacm/cmtime: Add OOB sync mechanism for coordination"
-/// and the commits around it), so its client needs a server of its own
-/// kind, and its output and usage text are another program's. Its usage
-/// text is what says so (it lists `-S`), not a release number alone.
-fn rewritten_c_cmtime() -> Option<String> {
+/// not, and whether its server is not either. Its usage text says which:
+/// - rdma-core 52 rewrote it (a TCP connection beside the RDMA CM that keeps
+///   client and server in step, worker threads, `-S` for a socket
+///   baseline; "librdmacm/cmtime: Add OOB sync mechanism for coordination"
+///   and the commits around it): its client needs a server of its own
+///   kind, and its output and usage are another program's; its server
+///   still serves the example's client.
+/// - rdma-core 59 made it a mesh test ("Support mesh based connection
+///   testing": a controller, `-C`, and listeners, `-L`): neither side
+///   pairs with the example's.
+fn rewritten_c_cmtime() -> Option<(String, bool)> {
     let c = program(Side::C).ok()?;
     let out = Command::new(&c).arg("-x").output().ok()?;
     let usage = String::from_utf8_lossy(&out.stdout);
-    usage.contains("[-S]").then(|| {
-        format!(
-            "{} is rdma-core 52's rewritten cmtime (its usage lists -S; out-of-band sync over TCP), \
-             not the program examples/cmtime.rs ports (rdma-core 33 to 51's)",
-            c.display()
+    let (what, server_too) = if usage.contains("-C controller_address") {
+        (
+            "rdma-core 59's mesh cmtime (its usage lists -C controller_address)",
+            true,
         )
-    })
+    } else if usage.contains("[-S]") {
+        (
+            "rdma-core 52's rewritten cmtime (its usage lists -S; out-of-band sync over TCP)",
+            false,
+        )
+    } else {
+        return None;
+    };
+    let why = format!(
+        "{} is {what}, not the program examples/cmtime.rs ports (rdma-core 33 to 51's)",
+        c.display()
+    );
+    Some((why, server_too))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

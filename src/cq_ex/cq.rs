@@ -6,7 +6,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::{enoent_ends_batch, has, FieldSet, Fields, NoFields, On, RXE_VENDOR_ID};
+use super::{enoent_ends_batch, enoent_releases_lock, has, FieldSet, Fields, NoFields, On};
 use crate::channel::CompletionChannel;
 use crate::context::Context;
 use crate::cq::CompletionQueue;
@@ -251,7 +251,7 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
         Ok(CompletionQueueEx {
             cq,
             raw,
-            rxe: attr.vendor_id == RXE_VENDOR_ID,
+            enoent_unlocks: enoent_releases_lock(attr.vendor_id, crate::sys::loaded_release()),
             enoent_ends: enoent_ends_batch(attr.vendor_id, crate::sys::loaded_release()),
             open: false,
             _f: PhantomData,
@@ -291,8 +291,9 @@ pub(super) fn last_errno() -> i32 {
 pub struct CompletionQueueEx<F: FieldSet> {
     cq: CompletionQueue,
     pub(super) raw: NonNull<sys::ibv_cq_ex>,
-    /// rxe: `ibv_next_poll`'s `ENOENT` releases the CQ lock.
-    pub(super) rxe: bool,
+    /// rxe before rdma-core 59: `ibv_next_poll`'s `ENOENT` releases the
+    /// CQ lock (module docs).
+    pub(super) enoent_unlocks: bool,
     /// rxe before rdma-core 55: that `ENOENT` also ends the batch, and no
     /// `ibv_end_poll` is due (module docs).
     pub(super) enoent_ends: bool,

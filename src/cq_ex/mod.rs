@@ -51,33 +51,28 @@
 //!
 //! The man page (`ibv_create_cq_ex(3)`) says `ibv_end_poll` follows every
 //! successful `ibv_start_poll`, including after `ibv_next_poll` reported
-//! `ENOENT`. The soft-RoCE provider (rdma-core's `providers/rxe/rxe.c`,
-//! `cq_next_poll` and `cq_end_poll`) releases the CQ lock in `next_poll`
-//! when it finds the queue empty, and what its `end_poll` does then
-//! changed in rdma-core 55 ("rxe: fix completion queue consumer index
-//! overrun"):
+//! `ENOENT`, and that the batch holds the CQ until then. The soft-RoCE
+//! provider (rdma-core's `providers/rxe/rxe.c`, `cq_next_poll` and
+//! `cq_end_poll`) came to work that way in three steps:
 //!
-//! * Before 55, `next_poll` consumed the current completion itself (it
-//!   advanced the consumer index first), and `end_poll` always advances it
-//!   once more: an `ibv_end_poll` after that `ENOENT` moves the index one
-//!   past the producer (the CQ then reads stale entries as new ones, or
-//!   loses a ring's worth). There the batch is over without it.
-//! * From 55, `next_poll` leaves the current completion in the queue, and
-//!   the `ibv_end_poll` the man page asks for consumes it. Without it the
-//!   last completion of every batch is read again by the next one.
+//! | rdma-core | `ENOENT` of `next_poll` | `ibv_end_poll` after it |
+//! |---|---|---|
+//! | before 55 | consumes the current completion, releases the CQ lock | must not run: it advances the consumer index past the producer (stale entries read as new, or a ring's worth lost) |
+//! | 55 to 58 ("rxe: fix completion queue consumer index overrun") | leaves the current completion, releases the lock | consumes it (and releases the lock again); without it the next batch reads that completion again |
+//! | 59 and later ("rxe: Fix double unlock in cq_ex polling") | leaves the current completion, keeps the lock | as the man page says, and as every other provider (mlx5) |
 //!
 //! So on rxe, recognised by its vendor id `0xFFFFFF` (`RXE_VENDOR_ID` in the
 //! kernel's `drivers/infiniband/sw/rxe/rxe_param.h`, what `ibv_devinfo`
-//! reports as `vendor_id` for an rxe device), with a libibverbs older than
-//! 55 (the release [`sys::loaded_libibverbs`](crate::sys::loaded_libibverbs)
-//! names; the provider is of the same rdma-core), a batch that
-//! `ibv_next_poll` ended with `ENOENT` is not followed by `ibv_end_poll`;
-//! a batch dropped earlier is (rxe's `end_poll` then consumes the current
-//! completion, as intended). A release the library's name does not say is
-//! taken for an older one: a completion read twice ends nothing the second
-//! time (see [`QueuePair::reclaim`](crate::QueuePair::reclaim)), while an
-//! index past the producer reads entries the device never wrote. On every
-//! other device and release `ibv_end_poll` ends every batch.
+//! reports as `vendor_id` for an rxe device), the crate follows the
+//! release of the libibverbs the process runs with
+//! ([`sys::loaded_libibverbs`](crate::sys::loaded_libibverbs); the provider
+//! is of the same rdma-core): before 55 a batch that `ibv_next_poll` ended
+//! with `ENOENT` is not followed by `ibv_end_poll` (a batch dropped
+//! earlier is: rxe's `end_poll` then consumes the current completion, as
+//! intended), and before 59 such a batch, leaked, holds no lock. On every
+//! other device and release, and where the library's name says no release,
+//! `ibv_end_poll` ends every batch and a leaked batch holds the CQ, as the
+//! man page says.
 //!
 //! ```no_run
 //! use rdma_verbs::{Context, QpInitAttr, QpType};
@@ -123,10 +118,16 @@ pub(crate) const RXE_VENDOR_ID: u32 = 0x00FF_FFFF;
 
 /// Whether an `ENOENT` of `ibv_next_poll` ends the batch itself, with no
 /// `ibv_end_poll` due, on a device of `vendor_id` whose provider is of
-/// rdma-core `release`: rxe before 55, or of a release not known (see the
-/// module docs).
+/// rdma-core `release`: rxe before 55 (see the module docs).
 pub(crate) fn enoent_ends_batch(vendor_id: u32, release: Option<u32>) -> bool {
-    vendor_id == RXE_VENDOR_ID && release.is_none_or(|r| r < 55)
+    vendor_id == RXE_VENDOR_ID && release.is_some_and(|r| r < 55)
+}
+
+/// Whether that `ENOENT` releases the CQ lock, so that a batch leaked after
+/// it holds nothing: rxe before 59 (see the module docs). An unknown release
+/// is taken to keep it (a leak is then refused, never waited on).
+pub(crate) fn enoent_releases_lock(vendor_id: u32, release: Option<u32>) -> bool {
+    vendor_id == RXE_VENDOR_ID && release.is_some_and(|r| r < 59)
 }
 
 #[cfg(test)]
@@ -140,12 +141,22 @@ mod tests {
     }
 
     #[test]
-    fn rxe_before_55_ends_the_batch_at_enoent() {
-        assert!(enoent_ends_batch(RXE_VENDOR_ID, Some(44)));
-        assert!(enoent_ends_batch(RXE_VENDOR_ID, Some(54)));
-        assert!(enoent_ends_batch(RXE_VENDOR_ID, None));
-        assert!(!enoent_ends_batch(RXE_VENDOR_ID, Some(55)));
-        assert!(!enoent_ends_batch(RXE_VENDOR_ID, Some(65)));
-        assert!(!enoent_ends_batch(0x02c9, Some(44))); // mlx5
+    fn what_an_enoent_of_next_poll_does_by_release() {
+        let rxe = RXE_VENDOR_ID;
+        for (release, ends, unlocks) in [
+            (Some(44), true, true),
+            (Some(54), true, true),
+            (Some(55), false, true),
+            (Some(58), false, true),
+            (Some(59), false, false),
+            (Some(65), false, false),
+            (None, false, false),
+        ] {
+            assert_eq!(enoent_ends_batch(rxe, release), ends, "{release:?}");
+            assert_eq!(enoent_releases_lock(rxe, release), unlocks, "{release:?}");
+        }
+        // mlx5: the man page's way whatever the release.
+        assert!(!enoent_ends_batch(0x02c9, Some(44)));
+        assert!(!enoent_releases_lock(0x02c9, Some(44)));
     }
 }

@@ -87,11 +87,11 @@ enum Batch {
 /// Leaking it (`std::mem::forget`) before the provider ended the batch
 /// keeps that lock held for good: the CQ remembers it, and every later
 /// [`start_poll`](CompletionQueueEx::start_poll) is refused with
-/// [`Error::GuardLeaked`] instead of spinning forever. On rxe a batch that
-/// [`next`](Self::next) ran to its end holds no lock any more, so leaking
-/// it then holds nothing (from rdma-core 55 its last completion, which the
-/// `ibv_end_poll` it missed would have consumed, comes again in the next
-/// batch, and ends nothing there). Some providers (mlx5) also take the CQ's lock
+/// [`Error::GuardLeaked`] instead of spinning forever. On rxe before
+/// rdma-core 59 a batch that [`next`](Self::next) ran to its end holds no
+/// lock any more, so leaking it then holds nothing (from 55 its last
+/// completion, which the `ibv_end_poll` it missed would have consumed,
+/// comes again in the next batch, and ends nothing there). Some providers (mlx5) also take the CQ's lock
 /// when a QP using the CQ is moved to RESET or destroyed: there, after such
 /// a leak, those calls would wait forever; rxe's do not take it.
 #[doc(alias = "ibv_start_poll")]
@@ -130,8 +130,9 @@ impl<F: FieldSet> CqPoll<'_, F> {
                         self.state = Batch::Over {
                             released: self.cq.enoent_ends,
                         };
-                        // rxe released its lock: a leak from here on holds none.
-                        self.cq.open = !self.cq.rxe;
+                        // rxe before 59 released its lock: a leak from here
+                        // on holds none.
+                        self.cq.open = !self.cq.enoent_unlocks;
                         return Ok(None);
                     }
                     Some(errno) => {

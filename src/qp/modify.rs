@@ -117,7 +117,7 @@ impl QueuePair {
     /// | `max_dest_rd_atomic` above the device's `max_qp_rd_atom` | accepts, and `ibv_query_qp` then reads back 0 (rxe) | refuses | the responder would take no RDMA reads or atomics at all |
     /// | `max_rd_atomic` above `max_qp_init_rd_atom` | rxe refuses above 128 only | refuses above the device's limit | the limit the device advertises |
     /// | `pkey_index` or `alt_pkey_index` past the port's P_Key table | rxe does not check it | refuses | an index past the table names no P_Key |
-    /// | attribute-only modify (no `IBV_QP_STATE`) | 6.1 checks it as `state -> state`; 6.4 and later do not check it | checks it as `state -> state` ([`ModifyError::AttributeOnly`]) | the stricter rule holds on every kernel |
+    /// | attribute-only modify (no `IBV_QP_STATE`) | rxe on 6.1 and 6.12 checks it as `state -> state`; on 7.2 it does not (an empty mask in RTR is taken, and changes nothing) | checks it as `state -> state` ([`ModifyError::AttributeOnly`]) | the stricter rule holds on every kernel |
     /// | path MTU above the port's max MTU | rxe refuses; other drivers differ | refuses | no link carries it |
     /// | `IBV_QP_ALT_PATH` on RoCE, or without `IBV_DEVICE_AUTO_PATH_MIG` | refuses on RoCE; rxe advertises the flag anyway | refuses | alternate paths are InfiniBand-only |
     ///

@@ -228,26 +228,31 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
 }
 
 /// A poll batch forgotten while open: the CQ's lock stays held, so the
-/// next `start_poll` used to spin forever.
+/// next `start_poll` used to spin forever. Each part on a CQ of its own.
 fn leaked_poll(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
-    let mut cq = env.ctx.create_cq_ex(16).standard().build()?;
-    let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq());
-    let mut a = pd.create_qp(&attr)?;
-    let mut b = pd.create_qp(&attr)?;
-    connect(env, &mut a, &mut b, AccessFlags::empty())?;
-    let send = |a: &mut rdma_verbs::QueuePair, b: &mut rdma_verbs::QueuePair| {
+    let (start, limit) = (std::time::Instant::now(), crate::common::deadline());
+    // A CQ, two QPs on it, and one send from the first to the second.
+    let rig = || {
+        let cq = env.ctx.create_cq_ex(16).standard().build()?;
+        let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq());
+        let mut a = pd.create_qp(&attr)?;
+        let mut b = pd.create_qp(&attr)?;
+        connect(env, &mut a, &mut b, AccessFlags::empty())?;
         let mut c = chunks(&pd, 2)?;
         b.post_recv([RecvWr::new(1).sge(c.pop().unwrap())])?;
         a.post_send([SendWr::new(2, SendOp::Send).sge_len(c.pop().unwrap(), 8)])?;
-        Ok::<(), Failed>(())
+        Ok::<_, Failed>((cq, a, b))
     };
-    // A batch drained to its end (rxe ends it itself) and then forgotten
-    // holds no lock: polling goes on.
-    send(&mut a, &mut b)?;
-    let (start, limit) = (std::time::Instant::now(), crate::common::deadline());
-    // Counted by the requests they end: from rdma-core 55 a forgotten
-    // batch's last completion comes again in the next one (below).
+    let rxe = env.ctx.attr().vendor_id == 0xFF_FFFF;
+    let release = rdma_verbs::sys::loaded_libibverbs().and_then(|l| l.release);
+
+    // Drained to its end, then forgotten. rxe before rdma-core 59 released
+    // its lock at the end (and from 55 left the last completion to the
+    // `ibv_end_poll` that never ran: it comes again, once, and ends
+    // nothing); everywhere else the batch still holds the CQ.
+    let (mut cq, mut a, mut b) = rig()?;
+    // Counted by the requests they end.
     let mut ended = 0;
     while ended < 2 {
         if let Some(mut p) = cq.start_poll()? {
@@ -258,39 +263,37 @@ fn leaked_poll(env: &Env) -> Result<(), Failed> {
         }
         ensure!(start.elapsed() < limit, "{ended} of 2 requests ended");
     }
-    let rxe = env.ctx.attr().vendor_id == 0xFF_FFFF;
-    if rxe {
-        // Not refused: nothing held. From rdma-core 55 the forgotten
-        // batch's last completion was not consumed (its `ibv_end_poll`
-        // never ran): it comes again, once, and ends nothing.
-        let release = rdma_verbs::sys::loaded_libibverbs().and_then(|l| l.release);
+    let unlocked = rxe && release.is_some_and(|r| r < 59);
+    if unlocked {
         let again = match cq.start_poll()? {
             None => 0,
             Some(mut p) => {
                 let mut n = 0;
                 while let Some(wc) = p.next()? {
-                    ensure!(
-                        a.reclaim(&wc, drop) + b.reclaim(&wc, drop) == 0,
-                        "{wc:?} ended something twice"
-                    );
+                    let twice = a.reclaim(&wc, drop) + b.reclaim(&wc, drop);
+                    ensure!(twice == 0, "{wc:?} ended something twice");
                     n += 1;
                 }
                 n
             }
         };
-        let expected = if release.is_some_and(|r| r >= 55) {
-            1
-        } else {
-            0
-        };
+        let expected = usize::from(release.is_some_and(|r| r >= 55));
         ensure!(
             again == expected,
             "a drained, forgotten batch on rxe (rdma-core {release:?}): {again} completions came again, not {expected}"
         );
         ensure!(cq.start_poll()?.is_none(), "a completion left over");
+    } else {
+        let e = cq
+            .start_poll()
+            .map(|_| ())
+            .expect_err("start_poll after a drained leak");
+        ensure!(is_leaked(&e), "start_poll after a drained leak: {e}");
     }
+    let_go(rxe, (a, b), cq)?;
+
     // Forgotten with a completion in hand: the lock is held for good.
-    send(&mut a, &mut b)?;
+    let (mut cq, a, b) = rig()?;
     let p = loop {
         if let Some(p) = cq.start_poll()? {
             break p;
@@ -306,11 +309,22 @@ fn leaked_poll(env: &Env) -> Result<(), Failed> {
     ensure!(e.to_string().contains("CqPoll"), "{e}");
     let e = cq.start_poll().map(|_| ()).expect_err("and again");
     ensure!(is_leaked(&e), "start_poll again: {e}");
-    // The CQ can still be closed once its QPs are gone (rxe's destroy
-    // takes no CQ lock).
+    let_go(rxe, (a, b), cq)
+}
+
+/// A leaked batch's QPs and CQ: on rxe the CQ can still be closed once its
+/// QPs are gone (rxe's destroy takes no CQ lock); other providers (mlx5)
+/// take the lock to destroy a QP of the CQ, so there they are leaked too.
+fn let_go<F: rdma_verbs::cq_ex::FieldSet>(
+    rxe: bool,
+    qps: (rdma_verbs::QueuePair, rdma_verbs::QueuePair),
+    cq: rdma_verbs::CompletionQueueEx<F>,
+) -> Result<(), Failed> {
     if rxe {
-        drop((a, b));
+        drop(qps);
         cq.close()?;
+    } else {
+        std::mem::forget((qps, cq));
     }
     Ok(())
 }
