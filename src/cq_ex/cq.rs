@@ -248,11 +248,13 @@ impl<'a, F: FieldSet> CqExBuilder<'a, F> {
             drop(cq); // destroys it
             return Err(unsupported(Self::refused_what(), None));
         }
+        // The provider is of the rdma-core of the libibverbs loaded.
+        let release = crate::sys::loaded_release();
         Ok(CompletionQueueEx {
             cq,
             raw,
-            enoent_unlocks: enoent_releases_lock(attr.vendor_id, crate::sys::loaded_release()),
-            enoent_ends: enoent_ends_batch(attr.vendor_id, crate::sys::loaded_release()),
+            enoent_unlocks: enoent_releases_lock(attr.vendor_id, release),
+            enoent_ends: enoent_ends_batch(attr.vendor_id, release),
             open: false,
             _f: PhantomData,
         })

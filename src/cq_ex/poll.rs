@@ -91,9 +91,10 @@ enum Batch {
 /// rdma-core 59 a batch that [`next`](Self::next) ran to its end holds no
 /// lock any more, so leaking it then holds nothing (from 55 its last
 /// completion, which the `ibv_end_poll` it missed would have consumed,
-/// comes again in the next batch, and ends nothing there). Some providers (mlx5) also take the CQ's lock
-/// when a QP using the CQ is moved to RESET or destroyed: there, after such
-/// a leak, those calls would wait forever; rxe's do not take it.
+/// comes again in the next batch, and ends nothing there). Some providers
+/// (mlx5) also take the CQ's lock when a QP using the CQ is moved to RESET
+/// or destroyed: there, after such a leak, those calls would wait forever;
+/// rxe's do not take it.
 #[doc(alias = "ibv_start_poll")]
 pub struct CqPoll<'c, F: FieldSet> {
     cq: &'c mut CompletionQueueEx<F>,
