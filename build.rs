@@ -64,6 +64,14 @@ const PROBES: &[(&str, &str, u32)] = &[
     ("rdma_core_phys_port_cnt_ex", "pub phys_port_cnt_ex:", 35),
     // `ibv_reg_dmabuf_mr` (rdma-core 34).
     ("rdma_core_reg_dmabuf_mr", "pub fn ibv_reg_dmabuf_mr(", 34),
+    // `ibv_wr_atomic_write` (rdma-core 44).
+    (
+        "rdma_core_wr_atomic_write",
+        "pub fn ibv_wr_atomic_write(",
+        44,
+    ),
+    // `ibv_wr_flush` (rdma-core 45).
+    ("rdma_core_wr_flush", "pub fn ibv_wr_flush(", 45),
 ];
 
 /// Enumeration values of later releases, added to the bindings when the
@@ -74,6 +82,7 @@ const PROBES: &[(&str, &str, u32)] = &[
 /// Rust item, release.)
 const COMPAT_CONSTS: &[(&str, &str, &str, u32)] = &[
     ("pub mod ibv_wc_opcode {", "IBV_WC_ATOMIC_WRITE", "pub const IBV_WC_ATOMIC_WRITE: Type = 9;", 44),
+    ("pub mod ibv_wc_opcode {", "IBV_WC_FLUSH", "pub const IBV_WC_FLUSH: Type = 8;", 45),
     ("pub mod ibv_wc_opcode {", "IBV_WC_DRIVER2", "pub const IBV_WC_DRIVER2: Type = 136;", 36),
     ("pub mod ibv_wc_opcode {", "IBV_WC_DRIVER3", "pub const IBV_WC_DRIVER3: Type = 137;", 36),
     (
@@ -81,6 +90,36 @@ const COMPAT_CONSTS: &[(&str, &str, &str, u32)] = &[
         "IBV_QP_EX_WITH_ATOMIC_WRITE",
         "pub const IBV_QP_EX_WITH_ATOMIC_WRITE: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(4096);",
         44,
+    ),
+    (
+        "impl ibv_qp_create_send_ops_flags {",
+        "IBV_QP_EX_WITH_FLUSH",
+        "pub const IBV_QP_EX_WITH_FLUSH: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(2048);",
+        45,
+    ),
+    (
+        "impl ibv_access_flags {",
+        "IBV_ACCESS_FLUSH_GLOBAL",
+        "pub const IBV_ACCESS_FLUSH_GLOBAL: ibv_access_flags = ibv_access_flags(256);",
+        45,
+    ),
+    (
+        "impl ibv_access_flags {",
+        "IBV_ACCESS_FLUSH_PERSISTENT",
+        "pub const IBV_ACCESS_FLUSH_PERSISTENT: ibv_access_flags = ibv_access_flags(512);",
+        45,
+    ),
+    (
+        "impl ibv_odp_transport_cap_bits {",
+        "IBV_ODP_SUPPORT_FLUSH",
+        "pub const IBV_ODP_SUPPORT_FLUSH: ibv_odp_transport_cap_bits = ibv_odp_transport_cap_bits(64);",
+        58,
+    ),
+    (
+        "impl ibv_odp_transport_cap_bits {",
+        "IBV_ODP_SUPPORT_ATOMIC_WRITE",
+        "pub const IBV_ODP_SUPPORT_ATOMIC_WRITE: ibv_odp_transport_cap_bits = ibv_odp_transport_cap_bits(128);",
+        58,
     ),
 ];
 

@@ -362,7 +362,9 @@ c_enum! {
         LocalInv = IBV_WC_LOCAL_INV,
         /// A TSO send.
         Tso = IBV_WC_TSO,
-        /// An atomic write.
+        /// An RDMA FLUSH ([`WrBatch::flush`](crate::qp::WrBatch::flush)).
+        Flush = IBV_WC_FLUSH,
+        /// An RDMA ATOMIC_WRITE ([`WrBatch::atomic_write`](crate::qp::WrBatch::atomic_write)).
         AtomicWrite = IBV_WC_ATOMIC_WRITE,
         /// A receive.
         Recv = IBV_WC_RECV,

@@ -4,6 +4,7 @@ use crate::sys::ibv_atomic_cap;
 use std::ffi::CStr;
 
 use crate::device::Guid;
+use crate::mr::OdpCaps;
 use crate::sys;
 
 bitflags::bitflags! {
@@ -64,6 +65,18 @@ bitflags::bitflags! {
         const RAW_SCATTER_FCS = sys::IBV_DEVICE_RAW_SCATTER_FCS;
         /// `IBV_DEVICE_PCI_WRITE_END_PADDING`: PCI end padding.
         const PCI_WRITE_END_PADDING = sys::IBV_DEVICE_PCI_WRITE_END_PADDING;
+        /// `IB_UVERBS_DEVICE_FLUSH_GLOBAL` (bit 38, Linux 6.2): RDMA FLUSH to
+        /// global visibility, and regions with
+        /// [`AccessFlags::FLUSH_GLOBAL`](crate::AccessFlags::FLUSH_GLOBAL).
+        /// libibverbs passes the kernel's bit through and names no constant.
+        const FLUSH_GLOBAL = 1 << 38;
+        /// `IB_UVERBS_DEVICE_FLUSH_PERSISTENT` (bit 39, Linux 6.2): RDMA FLUSH
+        /// to persistence, and regions with
+        /// [`AccessFlags::FLUSH_PERSISTENT`](crate::AccessFlags::FLUSH_PERSISTENT).
+        const FLUSH_PERSISTENT = 1 << 39;
+        /// `IB_UVERBS_DEVICE_ATOMIC_WRITE` (bit 40, Linux 6.2): RDMA
+        /// ATOMIC_WRITE ([`WrBatch::atomic_write`](crate::qp::WrBatch::atomic_write)).
+        const ATOMIC_WRITE = 1 << 40;
         // Flags newer kernels report that this version does not name.
         const _ = !0;
     }
@@ -175,6 +188,8 @@ pub struct DeviceAttr {
     pub raw_packet_caps: u32,
     /// `max_dm_size`: on-device memory, in bytes.
     pub max_dm_size: u64,
+    /// `odp_caps` and `xrc_odp_caps`: on-demand paging.
+    pub odp: OdpCaps,
 }
 
 fn count(v: i32) -> u32 {
@@ -232,6 +247,7 @@ impl DeviceAttr {
             },
             raw_packet_caps: ex.raw_packet_caps,
             max_dm_size: ex.max_dm_size,
+            odp: OdpCaps::from_raw(ex),
         }
     }
 }

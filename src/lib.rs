@@ -132,8 +132,8 @@ pub use error::{Error, Refused, Result};
 pub use event::AsyncEvent;
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{
-    page_size, AccessFlags, Chunk, ChunkedRegion, DmaBuf, MemoryRegion, Pages, RegisterBuffer,
-    SharedChunk,
+    page_size, AccessFlags, Chunk, ChunkedRegion, DmaBuf, MemoryRegion, MrAdvice, OdpCaps,
+    OdpGeneralCaps, OdpTransportCaps, Pages, RegisterBuffer, SharedChunk,
 };
 pub use mw::{MemoryWindow, MwBind, MwType};
 pub use pd::ProtectionDomain;

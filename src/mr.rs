@@ -16,6 +16,7 @@ use crate::users::Tally;
 mod chunk;
 mod dmabuf;
 mod memory;
+mod odp;
 mod owned;
 mod rereg;
 mod volatile;
@@ -23,6 +24,7 @@ pub use chunk::{Chunk, SharedChunk};
 pub use dmabuf::DmaBuf;
 pub(crate) use memory::Memory;
 pub use memory::{Pages, RegisterBuffer};
+pub use odp::{MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
 pub use owned::ChunkedRegion;
 use volatile::{volatile_read, volatile_write};
 
@@ -46,12 +48,27 @@ bitflags::bitflags! {
         const MW_BIND = sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         /// `IBV_ACCESS_ZERO_BASED`: remote addresses are offsets from the region's start.
         const ZERO_BASED = sys::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
-        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging.
+        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging: the pages are not pinned,
+        /// the device faults them in as it reaches them (see [`OdpCaps`]).
+        /// Refused with [`Error::Unsupported`] on a device without
+        /// [`OdpGeneralCaps::SUPPORT`], and on rxe, whose on-demand paging
+        /// moves data to the wrong bytes (see [`OdpCaps`]).
         const ON_DEMAND = sys::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
         /// `IBV_ACCESS_HUGETLB`: the memory is backed by huge pages.
         const HUGETLB = sys::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
         /// `IBV_ACCESS_RELAXED_ORDERING`: PCI relaxed ordering (optional: ignored where unsupported).
         const RELAXED_ORDERING = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        /// `IBV_ACCESS_FLUSH_GLOBAL`: peers may RDMA FLUSH the memory to
+        /// global visibility ([`FlushPlacement::Global`](crate::qp::FlushPlacement::Global)).
+        /// Refused with [`Error::Unsupported`] on a device without
+        /// [`DeviceCapFlags::FLUSH_GLOBAL`](crate::DeviceCapFlags::FLUSH_GLOBAL).
+        const FLUSH_GLOBAL = sys::ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0;
+        /// `IBV_ACCESS_FLUSH_PERSISTENT`: peers may RDMA FLUSH the memory to
+        /// persistence ([`FlushPlacement::Persistent`](crate::qp::FlushPlacement::Persistent)).
+        /// Refused with [`Error::Unsupported`] on a device without
+        /// [`DeviceCapFlags::FLUSH_PERSISTENT`](crate::DeviceCapFlags::FLUSH_PERSISTENT);
+        /// rxe also refuses it (`EINVAL`) for memory that is not persistent memory.
+        const FLUSH_PERSISTENT = sys::ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0;
     }
 }
 
@@ -418,6 +435,41 @@ fn check_access(verb: &'static str, access: AccessFlags) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Why rxe's on-demand paging is refused although it reports it.
+const RXE_ODP: &str = "on-demand paging on rxe (its ODP copy, rxe_odp.c of Linux 6.14 to at least \
+     7.2.13, ignores the offset within each page: data lands at, and is read from, the page's \
+     start, outside the bytes a request names)";
+
+/// The access rights a device must report before a region may ask for
+/// them: on-demand paging and the two FLUSH rights. Kernels refuse them
+/// otherwise (`EOPNOTSUPP`, or `EINVAL` before they knew the flag); the
+/// crate says which capability is missing instead. rxe's on-demand paging
+/// is refused too: it moves data to the wrong bytes ([`RXE_ODP`], measured
+/// in the sid VM: a write at offset 100 of a page lands at offset 0).
+fn check_device_access(pd: &ProtectionDomain, access: AccessFlags) -> Result<()> {
+    use crate::DeviceCapFlags as Cap;
+    let ctx = pd.context();
+    let dev = ctx.attr();
+    let has = |cap: Cap| dev.capabilities.contains(cap);
+    let odp = access.contains(AccessFlags::ON_DEMAND);
+    let missing = if odp && !dev.odp.general.contains(OdpGeneralCaps::SUPPORT) {
+        "on-demand paging (IBV_ACCESS_ON_DEMAND: odp_caps.general_caps has no IBV_ODP_SUPPORT)"
+    } else if odp && ctx.is_rxe() {
+        RXE_ODP
+    } else if access.contains(AccessFlags::FLUSH_GLOBAL) && !has(Cap::FLUSH_GLOBAL) {
+        "IBV_ACCESS_FLUSH_GLOBAL (the device does not report IB_UVERBS_DEVICE_FLUSH_GLOBAL)"
+    } else if access.contains(AccessFlags::FLUSH_PERSISTENT) && !has(Cap::FLUSH_PERSISTENT) {
+        "IBV_ACCESS_FLUSH_PERSISTENT (the device does not report IB_UVERBS_DEVICE_FLUSH_PERSISTENT)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Unsupported {
+        what: missing,
+        device: ctx.name().to_owned(),
+        errno: None,
+    })
 }
 
 #[cfg(test)]

@@ -20,8 +20,10 @@
 //! Headers older than the newest rdma-core lack some items; the build
 //! script finds which (the crate's code for them is compiled out and
 //! answers at run time instead) and adds the few enumeration values the
-//! safe layer names (`IBV_WC_ATOMIC_WRITE`, `IBV_WC_DRIVER2`/`3`,
-//! `IBV_QP_EX_WITH_ATOMIC_WRITE`) with the values of later headers, which
+//! safe layer names (`IBV_WC_ATOMIC_WRITE`, `IBV_WC_FLUSH`,
+//! `IBV_WC_DRIVER2`/`3`, `IBV_QP_EX_WITH_ATOMIC_WRITE`/`_FLUSH`,
+//! `IBV_ACCESS_FLUSH_*`, `IBV_ODP_SUPPORT_FLUSH`/`_ATOMIC_WRITE`) with the
+//! values of later headers, which
 //! are libibverbs' ABI: a library of a release without them never reports
 //! them. [`RDMA_CORE_RELEASE`] says which release the build found.
 //!
@@ -186,5 +188,17 @@ mod tests {
             1 << 12
         );
         assert_eq!(ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_TSO.0, 1 << 10);
+        assert_eq!(ibv_wc_opcode::IBV_WC_FLUSH, 8);
+        assert_eq!(
+            ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_FLUSH.0,
+            1 << 11
+        );
+        assert_eq!(ibv_access_flags::IBV_ACCESS_FLUSH_GLOBAL.0, 1 << 8);
+        assert_eq!(ibv_access_flags::IBV_ACCESS_FLUSH_PERSISTENT.0, 1 << 9);
+        assert_eq!(ibv_odp_transport_cap_bits::IBV_ODP_SUPPORT_FLUSH.0, 1 << 6);
+        assert_eq!(
+            ibv_odp_transport_cap_bits::IBV_ODP_SUPPORT_ATOMIC_WRITE.0,
+            1 << 7
+        );
     }
 }

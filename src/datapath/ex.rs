@@ -14,6 +14,9 @@ use crate::mw::{MemoryWindow, MwBind};
 use crate::pd::ProtectionDomain;
 use crate::sys;
 
+mod remote_only;
+pub use remote_only::{FlushPlacement, FlushSelectivity, RemoteWr};
+
 bitflags::bitflags! {
     /// The operations an extended QP may post (`enum ibv_qp_create_send_ops_flags`,
     /// the `send_ops_flags` of `struct ibv_qp_init_attr_ex`).
@@ -43,20 +46,28 @@ bitflags::bitflags! {
         /// `IBV_QP_EX_WITH_TSO`: `ibv_wr_send_tso`. Not offered by the safe
         /// batch (refused at creation).
         const TSO = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_TSO.0 as u64;
-        /// `IBV_QP_EX_WITH_ATOMIC_WRITE`: `ibv_wr_atomic_write`. Not offered
-        /// by the safe batch (refused at creation).
+        /// `IBV_QP_EX_WITH_ATOMIC_WRITE`: `ibv_wr_atomic_write`
+        /// ([`WrBatch::atomic_write`]; RC only, headers of rdma-core 44 and
+        /// later, devices with [`DeviceCapFlags::ATOMIC_WRITE`]).
         const ATOMIC_WRITE = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_WRITE.0 as u64;
+        /// `IBV_QP_EX_WITH_FLUSH`: `ibv_wr_flush` ([`WrBatch::flush`]; RC
+        /// only, headers of rdma-core 45 and later, devices with
+        /// [`DeviceCapFlags::FLUSH_GLOBAL`] or `FLUSH_PERSISTENT`).
+        const FLUSH = sys::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_FLUSH.0 as u64;
     }
 }
 
 impl SendOpsFlags {
-    /// The operations of [`SendOp`] a transport can post: what
-    /// [`QpInitAttr::send_ops`] accepts for it, and what
-    /// [`QueuePair::post_send`] lets through (RC: all ten; UC: sends,
-    /// RDMA writes and memory-window binds; UD: sends; RAW_PACKET: plain
-    /// sends). This is the table of the `ibv_wr_post` man page, except
-    /// that UC has no `LOCAL_INV`: rxe (Linux 6.1, `rxe_opcode.c`) accepts
-    /// `IB_WR_LOCAL_INV` on RC QPs only.
+    /// The operations of [`SendOp`] (and the memory-window ones) a
+    /// transport can post: what [`QpInitAttr::send_ops`] accepts for it
+    /// besides [`ATOMIC_WRITE`](Self::ATOMIC_WRITE) and
+    /// [`FLUSH`](Self::FLUSH) on RC, and what [`QueuePair::post_send`]
+    /// lets through (RC: all ten; UC: sends, RDMA writes and memory-window
+    /// binds; UD: sends; RAW_PACKET: plain sends). This is the table of the
+    /// `ibv_wr_post` man page, except that UC has no `LOCAL_INV`: rxe
+    /// (Linux 6.1, `rxe_opcode.c`) accepts `IB_WR_LOCAL_INV` on RC QPs
+    /// only. ATOMIC_WRITE and FLUSH are left out because few devices have
+    /// them: asked for, they are refused where the device lacks them.
     pub fn for_transport(qp_type: QpType) -> Self {
         let sends = Self::SEND | Self::SEND_WITH_IMM;
         let writes = Self::RDMA_WRITE | Self::RDMA_WRITE_WITH_IMM;
@@ -117,9 +128,10 @@ impl<'a> QpInitAttr<'a> {
     /// Checked before the call: `ops` is not empty, every operation suits
     /// the transport ([`SendOpsFlags::for_transport`]) and the device
     /// (atomics need `atomic_cap`, memory-window operations
-    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B` or `MEM_MGT_EXTENSIONS`), and
-    /// neither `TSO` nor `ATOMIC_WRITE` is asked for. A provider that
-    /// refuses the set answers [`Error::Unsupported`].
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A/2B` or `MEM_MGT_EXTENSIONS`,
+    /// `ATOMIC_WRITE` and `FLUSH` their capability bits and headers that
+    /// have `ibv_wr_atomic_write`/`ibv_wr_flush`), and `TSO` is not asked
+    /// for. A provider that refuses the set answers [`Error::Unsupported`].
     ///
     /// ```no_run
     /// use rdma_verbs::qp::SendOpsFlags;
@@ -152,14 +164,18 @@ fn check_send_ops(
     if ops.is_empty() {
         return Err(Error::invalid(verb, "send_ops is empty"));
     }
-    let unoffered = ops & (SendOpsFlags::TSO | SendOpsFlags::ATOMIC_WRITE);
+    let unoffered = ops & SendOpsFlags::TSO;
     if !unoffered.is_empty() {
         return Err(Error::invalid(
             verb,
             format!("{unoffered:?}: the safe batch has no such operation"),
         ));
     }
-    let beyond = ops - SendOpsFlags::for_transport(qp_type);
+    let mut allowed = SendOpsFlags::for_transport(qp_type);
+    if qp_type == QpType::Rc {
+        allowed |= SendOpsFlags::ATOMIC_WRITE | SendOpsFlags::FLUSH;
+    }
+    let beyond = ops - allowed;
     if !beyond.is_empty() {
         return Err(Error::invalid(
             verb,
@@ -188,6 +204,31 @@ fn check_send_ops(
             .intersects(type2 | DeviceCapFlags::MEM_MGT_EXTENSIONS)
     {
         return Err(unsupported("invalidation (IBV_DEVICE_MEM_MGT_EXTENSIONS)"));
+    }
+    if ops.contains(SendOpsFlags::ATOMIC_WRITE) {
+        if !cfg!(rdma_core_wr_atomic_write) {
+            return Err(unsupported(
+                "RDMA ATOMIC_WRITE (these rdma-core headers, before 44, have no ibv_wr_atomic_write)",
+            ));
+        }
+        if !dev.capabilities.contains(DeviceCapFlags::ATOMIC_WRITE) {
+            return Err(unsupported(
+                "RDMA ATOMIC_WRITE (the device does not report IB_UVERBS_DEVICE_ATOMIC_WRITE)",
+            ));
+        }
+    }
+    if ops.contains(SendOpsFlags::FLUSH) {
+        if !cfg!(rdma_core_wr_flush) {
+            return Err(unsupported(
+                "RDMA FLUSH (these rdma-core headers, before 45, have no ibv_wr_flush)",
+            ));
+        }
+        let flush = DeviceCapFlags::FLUSH_GLOBAL | DeviceCapFlags::FLUSH_PERSISTENT;
+        if !dev.capabilities.intersects(flush) {
+            return Err(unsupported(
+                "RDMA FLUSH (the device reports neither IB_UVERBS_DEVICE_FLUSH_GLOBAL nor _PERSISTENT)",
+            ));
+        }
     }
     Ok(())
 }

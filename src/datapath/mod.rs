@@ -117,7 +117,7 @@ pub use completed::{Completed, Completion, PostError, RequestKind};
 #[cfg(feature = "cm")]
 pub(crate) use ex::create_ex_with;
 pub(crate) use ex::{create as create_ex, QpEx};
-pub use ex::{SendOpsFlags, WrBatch};
+pub use ex::{FlushPlacement, FlushSelectivity, RemoteWr, SendOpsFlags, WrBatch};
 pub use halves::{RecvHalf, SendHalf};
 pub use recv_buffers::{Received, RecvBuffers, Taken};
 pub use request::{RecvWr, RemoteAddr, SendOp, SendWr, MAX_SGE};

@@ -8,7 +8,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::{
-    check_access, AccessFlags, Chunk, Memory, MemoryRegion, MrKeep, RegionCore, RegisterBuffer,
+    check_access, check_device_access, AccessFlags, Chunk, Memory, MemoryRegion, MrKeep,
+    RegionCore, RegisterBuffer,
 };
 use crate::error::{check_ptr, Error, Refused, Result};
 use crate::handle::{in_use, Owned};
@@ -85,6 +86,7 @@ pub(super) fn check_registration(
 ) -> Result<()> {
     const VERB: &str = "ibv_reg_mr";
     check_access(VERB, access)?;
+    check_device_access(pd, access)?;
     if len == 0 {
         return Err(Error::invalid(VERB, "a memory region cannot be empty"));
     }
@@ -306,6 +308,11 @@ pub struct ChunkedRegion<B = super::Pages> {
 }
 
 impl<B> ChunkedRegion<B> {
+    #[inline]
+    pub(super) fn core(&self) -> &RegionCore {
+        &self.core
+    }
+
     /// How many chunks (and other holds, such as a receive pool's) still
     /// name the region.
     pub fn chunks_out(&self) -> usize {

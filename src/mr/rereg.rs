@@ -7,7 +7,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::owned::check_registration;
-use super::{check_access, AccessFlags, Memory, MemoryRegion, MrInner, RegisterBuffer};
+use super::{
+    check_access, check_device_access, AccessFlags, Memory, MemoryRegion, MrInner, RegisterBuffer,
+};
 use crate::error::{last_errno, Error, Refused, Result};
 use crate::handle::in_use;
 use crate::pd::ProtectionDomain;
@@ -57,6 +59,7 @@ impl<B> MemoryRegion<B> {
     #[doc(alias = "IBV_REREG_MR_CHANGE_ACCESS")]
     pub fn rereg_access(&mut self, access: AccessFlags) -> Result<()> {
         check_access(VERB, access)?;
+        check_device_access(self.pd(), access)?;
         let owned = self.only_handle()?;
         // SAFETY: the MR is live and no other handle, chunk or window
         // names it (`only_handle`), so nothing reads its fields meanwhile;

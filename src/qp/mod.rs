@@ -98,9 +98,9 @@ pub use table::{transition_rule, TransitionRule};
 pub(crate) use crate::datapath::create_ex_with;
 pub(crate) use crate::datapath::post_error;
 pub use crate::datapath::{
-    Completed, Completion, OwnedRecvHalf, OwnedSendHalf, PostError, Received, RecvBuffers,
-    RecvHalf, RecvWr, RemoteAddr, RequestKind, ReuniteError, SendHalf, SendOp, SendOpsFlags,
-    SendTemplate, SendWr, Taken, WrBatch, MAX_SGE,
+    Completed, Completion, FlushPlacement, FlushSelectivity, OwnedRecvHalf, OwnedSendHalf,
+    PostError, Received, RecvBuffers, RecvHalf, RecvWr, RemoteAddr, RemoteWr, RequestKind,
+    ReuniteError, SendHalf, SendOp, SendOpsFlags, SendTemplate, SendWr, Taken, WrBatch, MAX_SGE,
 };
 pub use typed::{
     InitToInit, InitToRtr, Modify, Qp, RawPacket, Rc, ResetToInit, RtrToRts, RtsToRts, RtsToSqd,

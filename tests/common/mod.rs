@@ -595,3 +595,34 @@ pub fn reclaim_on<C: rdma_verbs::qp::Completion + ?Sized>(
     }
     back
 }
+
+/// The running kernel's `(major, minor)`, from `/proc/sys/kernel/osrelease`.
+pub fn kernel_version() -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let mut parts = text.trim().split(['.', '-', '+']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Whether the device is soft-RoCE (the kernel's `RXE_VENDOR_ID`).
+pub fn is_rxe(env: &Env) -> bool {
+    env.ctx.attr().vendor_id == 0x00ff_ffff
+}
+
+/// The rdma-core release of both the headers the crate was built with and
+/// the libibverbs it runs with (the older of the two).
+pub fn rdma_core_release() -> Option<u32> {
+    let built = rdma_verbs::sys::RDMA_CORE_RELEASE?;
+    let loaded = rdma_verbs::sys::loaded_libibverbs()?.release?;
+    Some(built.min(loaded))
+}
+
+/// Whether rxe of this kernel and rdma-core must offer what `since`
+/// (kernel) and `rdma_core` (release) added: a device test's oracle, so
+/// that a newer stack can never quietly take the "unsupported" branch.
+pub fn rxe_has(env: &Env, since: (u32, u32), rdma_core: u32) -> bool {
+    is_rxe(env)
+        && kernel_version().is_some_and(|k| k >= since)
+        && rdma_core_release().is_some_and(|r| r >= rdma_core)
+}

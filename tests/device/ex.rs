@@ -42,14 +42,14 @@ fn rc_ops() -> SendOpsFlags {
 }
 
 /// Two connected extended QPs of type `t` sharing one CQ.
-struct ExPair {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    a: QueuePair,
-    b: QueuePair,
+pub(crate) struct ExPair {
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) a: QueuePair,
+    pub(crate) b: QueuePair,
 }
 
-fn ex_pair(
+pub(crate) fn ex_pair(
     env: &Env,
     t: QpType,
     ops: SendOpsFlags,
@@ -93,7 +93,10 @@ fn chunks(pd: &ProtectionDomain, n: usize, len: usize) -> Result<Vec<Chunk>, Fai
 }
 
 /// Reclaims `wc` on whichever QP it belongs to: `(wr_id, signaled, chunks)`.
-fn reclaim(qps: &mut [&mut QueuePair], wc: &WorkCompletion) -> Vec<(u64, bool, Vec<Chunk>)> {
+pub(crate) fn reclaim(
+    qps: &mut [&mut QueuePair],
+    wc: &WorkCompletion,
+) -> Vec<(u64, bool, Vec<Chunk>)> {
     let mut back = Vec::new();
     for qp in qps.iter_mut() {
         qp.reclaim(wc, |c| {
@@ -118,7 +121,8 @@ fn creation_checks(env: &Env) -> Result<(), Failed> {
     };
     refused(QpType::Rc, SendOpsFlags::empty(), "send_ops is empty")?;
     refused(QpType::Rc, SendOpsFlags::SEND | SendOpsFlags::TSO, "TSO")?;
-    refused(QpType::Rc, SendOpsFlags::ATOMIC_WRITE, "ATOMIC_WRITE")?;
+    refused(QpType::Uc, SendOpsFlags::ATOMIC_WRITE, "UC QPs cannot post")?;
+    refused(QpType::Ud, SendOpsFlags::FLUSH, "UD QPs cannot post")?;
     refused(QpType::Ud, SendOpsFlags::RDMA_WRITE, "UD QPs cannot post")?;
     refused(QpType::Uc, SendOpsFlags::RDMA_READ, "UC QPs cannot post")?;
     refused(QpType::Uc, SendOpsFlags::LOCAL_INV, "UC QPs cannot post")?;

@@ -19,6 +19,7 @@ mod in_use;
 mod modify;
 mod mw;
 mod objects;
+mod odp;
 mod owned;
 mod port_cache;
 mod qp;
@@ -26,6 +27,7 @@ mod recv_buffers;
 mod recv_model;
 mod registration;
 mod remote;
+mod remote_only;
 mod template_pins;
 mod wait;
 
@@ -47,6 +49,8 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(halves_model::TESTS);
     tests.extend_from_slice(recv_model::TESTS);
     tests.extend_from_slice(ex::TESTS);
+    tests.extend_from_slice(remote_only::TESTS);
+    tests.extend_from_slice(odp::TESTS);
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
@@ -60,6 +64,7 @@ fn main() -> std::process::ExitCode {
 /// windows); see `common::Need`.
 const NEEDS: &[(&str, Need)] = &[
     ("ex::", Need::ExtendedQp),
+    ("remote_only::", Need::ExtendedQp),
     ("mw::", Need::MemoryWindows),
     ("mw::", Need::ExtendedQp),
     (
