@@ -206,16 +206,16 @@ fn advise(core: &RegionCore, advice: MrAdvice, range: Range<usize>, sync: bool) 
 fn check_advice(core: &RegionCore, advice: MrAdvice, range: &Range<usize>) -> Result<()> {
     const VERB: &str = "ibv_advise_mr";
     let refuse = |why: String| Err(Error::invalid(VERB, why));
-    if !core.access().contains(AccessFlags::ON_DEMAND) {
-        return refuse(format!(
-            "prefetch advice is for on-demand regions, and this one was registered with {:?}",
-            core.access()
-        ));
-    }
     if range.start >= range.end || range.end > core.len() {
         return refuse(format!(
             "the range {range:?} is empty or not inside the region of {} bytes",
             core.len()
+        ));
+    }
+    if !core.access().contains(AccessFlags::ON_DEMAND) {
+        return refuse(format!(
+            "prefetch advice is for on-demand regions, and this one was registered with {:?}",
+            core.access()
         ));
     }
     if advice == MrAdvice::PrefetchWrite && !core.access().contains(AccessFlags::LOCAL_WRITE) {
@@ -232,9 +232,9 @@ macro_rules! prefetch_methods {
             /// `IBV_ADVISE_MR_FLAG_FLUSH`), so that the first request to
             /// reach it does not wait for page faults.
             ///
-            /// Refused before the call: a region registered without
-            /// [`AccessFlags::ON_DEMAND`], an empty range or one not
-            /// wholly inside the region, and [`MrAdvice::PrefetchWrite`]
+            /// Refused before the call: an empty range or one not wholly
+            /// inside the region, a region registered without
+            /// [`AccessFlags::ON_DEMAND`], and [`MrAdvice::PrefetchWrite`]
             /// on a region without [`AccessFlags::LOCAL_WRITE`].
             ///
             /// # Errors

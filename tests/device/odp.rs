@@ -213,21 +213,29 @@ fn prefetch(env: &Env) -> Result<(), Failed> {
 
 fn prefetch_refusals(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
-    let invalid = |r: rdma_verbs::Result<()>, needle: &str| -> Result<(), Failed> {
-        match r {
-            Err(e @ Error::InvalidArgument { .. }) => {
-                ensure!(e.to_string().contains(needle), "{e}");
-                Ok(())
-            }
-            other => Err(format!("not refused ({needle}): {other:?}").into()),
-        }
-    };
-    // A pinned region takes no advice (refused before the call, on every device).
-    let pinned = pd.register(4096, AccessFlags::LOCAL_WRITE)?;
+    // A pinned region takes no advice, and a range outside a region is
+    // refused first: both before the call, on every device.
+    let pinned = pd.register(8192, AccessFlags::LOCAL_WRITE)?;
     invalid(pinned.prefetch(MrAdvice::Prefetch, 0..4096), "on-demand")?;
+    invalid(
+        pinned.prefetch_async(MrAdvice::PrefetchWrite, 0..4096),
+        "on-demand",
+    )?;
+    range_refusals(&pinned)?;
     let Some(mr) = odp_region(env, &pd, 8192)? else {
         return Ok(());
     };
+    range_refusals(&mr)?;
+    let read_only = pd.register(4096, AccessFlags::ON_DEMAND | AccessFlags::REMOTE_READ)?;
+    invalid(
+        read_only.prefetch(MrAdvice::PrefetchWrite, 0..4096),
+        "LOCAL_WRITE",
+    )?;
+    Ok(())
+}
+
+/// Ranges `ibv_advise_mr` must never see, for a region of 8192 bytes.
+fn range_refusals(mr: &MemoryRegion) -> Result<(), Failed> {
     invalid(mr.prefetch(MrAdvice::Prefetch, 0..8193), "not inside")?;
     invalid(
         mr.prefetch_async(MrAdvice::Prefetch, 8192..8200),
@@ -240,12 +248,18 @@ fn prefetch_refusals(env: &Env) -> Result<(), Failed> {
         mr.prefetch(MrAdvice::Prefetch, usize::MAX - 1..usize::MAX),
         "not inside",
     )?;
-    let read_only = pd.register(4096, AccessFlags::ON_DEMAND | AccessFlags::REMOTE_READ)?;
-    invalid(
-        read_only.prefetch(MrAdvice::PrefetchWrite, 0..4096),
-        "LOCAL_WRITE",
-    )?;
     Ok(())
+}
+
+/// Checks that `r` is an [`Error::InvalidArgument`] that says `needle`.
+fn invalid(r: rdma_verbs::Result<()>, needle: &str) -> Result<(), Failed> {
+    match r {
+        Err(e @ Error::InvalidArgument { .. }) => {
+            ensure!(e.to_string().contains(needle), "{e}");
+            Ok(())
+        }
+        other => Err(format!("not refused ({needle}): {other:?}").into()),
+    }
 }
 
 /// An ODP region's chunks keep it registered while a receive holds one:
