@@ -91,7 +91,30 @@ fn main() -> std::process::ExitCode {
     // run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
-    common::run_with("cm_ud", TESTS, &[], args)
+    common::run_ignoring("cm_ud", TESTS, &[], &c_sender_loses(), args)
+}
+
+/// The tests with rdma-core's `mckey` as the sender, where the kernel
+/// loses its datagrams: the C program posts them unsignalled and exits at
+/// once, destroying its QP, and rxe of Linux 6.12 and later still holds
+/// some of them then (measured in the sid VM, Linux 7.2.13: the port sent
+/// 1, 2 and 9 datagrams of 10 in three runs of `mckey -s -C 10`, the Rust
+/// example, which waits for its completions, 10 each time; intermittent
+/// on 6.12.117). The receiver then waits for datagrams that were never
+/// sent, whatever program it is: nothing of the Rust side is compared.
+fn c_sender_loses() -> Vec<(&'static str, String)> {
+    if common::kernel_version().is_none_or(|k| k < (6, 12)) {
+        return Vec::new();
+    }
+    let why = "rdma-core's mckey exits before rxe of Linux 6.12 and later has sent the \
+               datagrams it posted unsignalled (the port sent 1-9 of 10 on 7.2.13)";
+    [
+        "mckey::rust_receiver_c_sender",
+        "mckey::rust_receiver_c_sender_options",
+    ]
+    .into_iter()
+    .map(|t| (t, why.to_owned()))
+    .collect()
 }
 
 fn program(side: Side, name: &str) -> Result<PathBuf, Failed> {
@@ -141,8 +164,10 @@ fn packets(env: &Env) -> Option<(u64, u64)> {
     Some((read("sent_pkts")?, read("rcvd_pkts")?))
 }
 
-/// Runs a server (receiver) until `ready` says it is, then the client
-/// (sender); both must end within the limit. Returns both outcomes, the
+/// Runs a server (receiver) until `ready` says one of its CM ids is and,
+/// with `server_mac`, a QP is attached to that multicast group
+/// ([`wait_for_mcast_mac`]), then the client (sender); both must end
+/// within the limit. Returns both outcomes, the
 /// packets the port sent and received meanwhile, and how long it took.
 #[allow(clippy::type_complexity)]
 fn pair(
@@ -151,6 +176,7 @@ fn pair(
     server: (Side, &[String]),
     client: (Side, &[String]),
     ready: impl Fn(&[&str]) -> bool,
+    server_mac: Option<String>,
 ) -> Result<(Finished, Finished, Option<(u64, u64)>, String), Failed> {
     let before = packets(env);
     let start = Instant::now();
@@ -159,7 +185,11 @@ fn pair(
     // A CM id of the server process (`pid N` on the line) that is ready.
     let pid = srv.id().to_string();
     let mine = |w: &[&str]| w.windows(2).any(|p| p == ["pid", pid.as_str()]) && ready(w);
-    if let Err(e) = wait_for_cm_id(&mut srv, &what, mine) {
+    let attached = |srv: &mut Child| match &server_mac {
+        Some(mac) => wait_for_mcast_mac(srv, &what, mac),
+        None => Ok(()),
+    };
+    if let Err(e) = wait_for_cm_id(&mut srv, &what, mine).and_then(|()| attached(&mut srv)) {
         let ran = finish(srv, Duration::ZERO)?;
         return Err(format!("{}\n{}", e.message().unwrap_or(""), show(&ran)).into());
     }
@@ -176,6 +206,41 @@ fn pair(
         _ => None,
     };
     Ok((s, c, delta, timing))
+}
+
+/// Waits until the kernel lists `mac` (lower-case hex, no separators) as
+/// a link-layer multicast address of some interface (`/proc/net/dev_mcast`):
+/// on RoCE, rxe adds a group's address when a QP is attached to it
+/// (`ibv_attach_mcast`, which the receiver makes on its join event). The
+/// receiver's CM id shows the group before that, and a datagram sent in
+/// between is dropped: Linux 7.2's rxe lost the first ones that way.
+fn wait_for_mcast_mac(child: &mut Child, what: &str, mac: &str) -> Result<(), Failed> {
+    let (start, limit) = (Instant::now(), common::deadline());
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Err(format!("{what}: exited ({st}) before its QP joined the group").into());
+        }
+        let table = std::fs::read_to_string("/proc/net/dev_mcast")?;
+        if table
+            .lines()
+            .any(|l| l.split_whitespace().nth(4) == Some(mac))
+        {
+            return Ok(());
+        }
+        ensure!(
+            start.elapsed() < limit,
+            "{what}: {mac} not in /proc/net/dev_mcast after {limit:?}:\n{table}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The Ethernet multicast address of IPv4 group `group` (RFC 1112:
+/// `01:00:5e` and the group's low 23 bits), as `/proc/net/dev_mcast`
+/// writes it.
+fn group_mac(group: std::net::Ipv4Addr) -> String {
+    let [_, b, c, d] = group.octets();
+    format!("01005e{:02x}{c:02x}{d:02x}", b & 0x7f)
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -258,6 +323,7 @@ fn udaddy(env: &Env, server: Side, client: Side, options: bool) -> Result<(), Fa
         (server, &srv_args),
         (client, &cli_args),
         udaddy_listening,
+        None,
     )?;
     let both = format!("{what}\n--- server: {}\n--- client: {}", show(&s), show(&c));
     let srv_lines = strings(&[
@@ -320,19 +386,21 @@ fn mckey(env: &Env, n: u8, receiver: Side, sender: Side, options: bool) -> Resul
     snd_args.extend(strings(snd_extra));
     let what = format!("mckey {receiver:?} receiver {rcv_args:?}, {sender:?} sender {snd_args:?}");
     let target = format!("{group}:0");
+    let roce = env.ctx.query_port(env.port)?.link_layer == LinkLayer::Ethernet;
+    let mac = roce.then(|| group.parse().map(group_mac)).transpose()?;
     let (r, s, delta, timing) = pair(
         env,
         "mckey",
         (receiver, &rcv_args),
         (sender, &snd_args),
         |w| w.contains(&target.as_str()),
+        mac,
     )?;
     let both = format!(
         "{what}\n--- receiver: {}\n--- sender: {}",
         show(&r),
         show(&s)
     );
-    let roce = env.ctx.query_port(env.port)?.link_layer == LinkLayer::Ethernet;
     let joined = format!("mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0");
     let lines = |role: &str, transfer: &str| -> Vec<String> {
         let mut v = strings(&[&format!("mckey: starting {role}"), "mckey: joining"]);
@@ -440,6 +508,7 @@ fn udaddy_rejects(env: &Env) -> Result<(), Failed> {
             (server, &srv_args),
             (client, &cli_args),
             udaddy_listening,
+            None,
         )?;
         let both = format!(
             "{server:?} server {srv_args:?}: {}\n{client:?} client {cli_args:?}: {}",
