@@ -17,6 +17,8 @@
 //! | `ibv_modify_qp`, `struct ibv_qp_attr`, `enum ibv_qp_attr_mask` | [`QueuePair::modify`], [`qp::QpAttr`], [`qp::QpAttrMask`], typed builders in [`qp`] |
 //! | `ibv_post_send`, `ibv_post_recv`, `struct ibv_send_wr` | [`QueuePair::post_send`], [`QueuePair::post_recv`], [`qp::SendWr`], [`qp::RecvWr`], [`Chunk`], [`QueuePair::reclaim`] |
 //! | `ibv_create_qp_ex`, `struct ibv_qp_ex`, `ibv_wr_start` ... `ibv_wr_complete` | [`qp::SendOpsFlags`] ([`QpInitAttr::send_ops`]), [`QueuePair::start_batch`], [`qp::WrBatch`] |
+//! | `ibv_wr_atomic_write`, `ibv_wr_flush` (RDMA ATOMIC_WRITE and FLUSH) | [`qp::WrBatch::atomic_write`], [`qp::WrBatch::flush`], [`AccessFlags::FLUSH_GLOBAL`] |
+//! | `IBV_ACCESS_ON_DEMAND`, `struct ibv_odp_caps`, `ibv_advise_mr` | [`AccessFlags::ON_DEMAND`], [`OdpCaps`], [`MemoryRegion::prefetch`] |
 //! | `struct ibv_mw`, `ibv_alloc_mw`, `ibv_bind_mw`, `IBV_WR_LOCAL_INV` | [`MemoryWindow`], [`MwBind`], [`QueuePair::bind_mw`], [`QueuePair::invalidate_mw`] |
 //! | `struct ibv_srq`, `struct ibv_ah` | [`SharedReceiveQueue`], [`AddressHandle`] |
 //! | `struct ibv_comp_channel`, `ibv_get_async_event` | [`CompletionChannel`], [`AsyncEvent`] |

@@ -12,7 +12,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{
     AccessFlags, Error, MemoryRegion, MrAdvice, OdpGeneralCaps, ProtectionDomain, QpInitAttr,
-    QpType, QueuePair, WcOpcode, WcStatus,
+    QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::common::{connect, is_rxe, poll_n, rxe_has, Env, TestFn};
@@ -107,6 +107,25 @@ fn regions_need_device(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Checks that every completion of `wcs` succeeded, reclaims each on its
+/// QP, and returns the bytes the receives among them got.
+fn received(wcs: &[WorkCompletion], mut qps: [&mut QueuePair; 2]) -> Result<Vec<u8>, Failed> {
+    let mut got = Vec::new();
+    for wc in wcs {
+        ensure!(wc.status() == Ok(WcStatus::Success), "{wc:?}");
+        for qp in qps.iter_mut() {
+            qp.reclaim(wc, |c| {
+                if wc.opcode() == Ok(WcOpcode::Recv) {
+                    for ch in c.chunks() {
+                        got.extend_from_slice(&ch.as_slice()[..wc.byte_len() as usize]);
+                    }
+                }
+            });
+        }
+    }
+    Ok(got)
+}
+
 /// Two connected RC QPs with one CQ.
 fn rc_pair(
     env: &Env,
@@ -153,19 +172,7 @@ fn data_moves(env: &Env) -> Result<(), Failed> {
         SendWr::new(3, SendOp::RdmaWrite(far)).sge_len(w, 5),
     ])?;
     let wcs = poll_n(&cq, 3)?;
-    let mut got = Vec::new();
-    for wc in &wcs {
-        ensure!(wc.status() == Ok(WcStatus::Success), "{wc:?}");
-        for qp in [&mut a, &mut b] {
-            qp.reclaim(wc, |c| {
-                if wc.opcode() == Ok(WcOpcode::Recv) {
-                    for ch in c.chunks() {
-                        got.extend_from_slice(&ch.as_slice()[..wc.byte_len() as usize]);
-                    }
-                }
-            });
-        }
-    }
+    let got = received(&wcs, [&mut a, &mut b])?;
     ensure!(got == b"on demand", "{got:?}");
     let mut back = [0u8; 5];
     target.read(700_000, &mut back)?;
@@ -302,19 +309,7 @@ fn held_while_posted(env: &Env) -> Result<(), Failed> {
     s.as_mut_slice()[..4].copy_from_slice(b"kept");
     a.post_send([SendWr::new(2, SendOp::Send).sge_len(s, 4)])?;
     let wcs = poll_n(&cq, 2)?;
-    let mut got = Vec::new();
-    for wc in &wcs {
-        ensure!(wc.status() == Ok(WcStatus::Success), "{wc:?}");
-        for qp in [&mut a, &mut b] {
-            qp.reclaim(wc, |c| {
-                if wc.opcode() == Ok(WcOpcode::Recv) {
-                    for ch in c.chunks() {
-                        got.extend_from_slice(&ch.as_slice()[..wc.byte_len() as usize]);
-                    }
-                }
-            });
-        }
-    }
+    let got = received(&wcs, [&mut a, &mut b])?;
     ensure!(got == b"kept", "{got:?}");
     Ok(())
 }

@@ -110,23 +110,13 @@ impl WrBatch<'_> {
         value: [u8; 8],
     ) -> Result<(), PostError> {
         const VERB: &str = "ibv_wr_atomic_write";
-        self.check_op(VERB, SendOpsFlags::ATOMIC_WRITE)
-            .and_then(|()| aligned(VERB, remote.addr))
-            .and_then(|()| self.check_room(VERB))
-            .map_err(|e| fail(e, 0, Vec::new()))?;
-        let tag = self.lend_nothing(VERB, wr)?;
-        let ex = self.ptr();
-        // SAFETY: the batch is open on this live extended QP created with
-        // ATOMIC_WRITE in its send_ops (checked), so the provider set its
-        // function; `value` is read during the call only (the provider
-        // copies the 8 bytes into the request); no local memory is named.
-        unsafe {
-            (*ex).wr_id = tag;
-            (*ex).wr_flags = wr.flags;
-            raw_atomic_write(ex, remote, &value);
-        }
-        self.n += 1;
-        Ok(())
+        let check = aligned(VERB, remote.addr);
+        self.post_remote_only(VERB, SendOpsFlags::ATOMIC_WRITE, check, wr, |ex| {
+            // SAFETY: `post_remote_only`'s promise (an open batch, ATOMIC_WRITE
+            // in the QP's send_ops); `value` is read during the call only (the
+            // provider copies the 8 bytes into the request).
+            unsafe { raw_atomic_write(ex, remote, &value) }
+        })
     }
 
     /// Adds an RDMA FLUSH to the batch (`ibv_wr_flush`): once it completes,
@@ -168,32 +158,47 @@ impl WrBatch<'_> {
         selectivity: FlushSelectivity,
     ) -> Result<(), PostError> {
         const VERB: &str = "ibv_wr_flush";
-        self.check_op(VERB, SendOpsFlags::FLUSH)
-            .and_then(|()| fits(VERB, target.len))
-            .and_then(|()| self.check_room(VERB))
-            .map_err(|e| fail(e, 0, Vec::new()))?;
-        let tag = self.lend_nothing(VERB, wr)?;
-        let ex = self.ptr();
-        // SAFETY: the batch is open on this live extended QP created with
-        // FLUSH in its send_ops (checked), so the provider set its
-        // function; the request names no local memory.
-        unsafe {
-            (*ex).wr_id = tag;
-            (*ex).wr_flags = wr.flags;
-            raw_flush(ex, target, placement, selectivity);
-        }
-        self.n += 1;
-        Ok(())
+        let check = fits(VERB, target.len);
+        self.post_remote_only(VERB, SendOpsFlags::FLUSH, check, wr, |ex| {
+            // SAFETY: `post_remote_only`'s promise (an open batch, FLUSH in the
+            // QP's send_ops); the length fits in size_t (`check`).
+            unsafe { raw_flush(ex, target, placement, selectivity) }
+        })
     }
 
-    /// Records a request that lends nothing, by the door every send takes
-    /// ([`lend_send`], with no data); its tag.
-    fn lend_nothing(&mut self, verb: &'static str, wr: RemoteWr) -> Result<u64, PostError> {
+    /// The one way in of both operations: refuses the request (nothing
+    /// recorded, the batch open) unless the QP was created for `flag`,
+    /// `check` holds and the queue has room; otherwise records it, by the
+    /// door every send takes ([`lend_send`], with no data), sets its tag
+    /// and flags and calls `build` with the QP, which holds an open batch
+    /// and `flag` among its send_ops, so the provider set that builder.
+    fn post_remote_only(
+        &mut self,
+        verb: &'static str,
+        flag: SendOpsFlags,
+        check: Result<()>,
+        wr: RemoteWr,
+        build: impl FnOnce(*mut sys::ibv_qp_ex),
+    ) -> Result<(), PostError> {
+        self.check_op(verb, flag)
+            .and(check)
+            .and_then(|()| self.check_room(verb))
+            .map_err(|e| fail(e, 0, Vec::new()))?;
         let p = &mut self.qp.pending_mut().send;
         let mut nothing = SendWr::new(wr.wr_id, SendOp::Send);
         nothing.flags = wr.flags;
-        lend_send(&mut p.ledger, &mut p.side, nothing)
-            .map_err(|loan| refused_entry(verb, &p.ledger, loan))
+        let tag = lend_send(&mut p.ledger, &mut p.side, nothing)
+            .map_err(|loan| refused_entry(verb, &p.ledger, loan))?;
+        let ex = self.ptr();
+        // SAFETY: the batch is open on this live extended QP (`&mut`
+        // held); these are plain fields the next builder call reads.
+        unsafe {
+            (*ex).wr_id = tag;
+            (*ex).wr_flags = wr.flags;
+        }
+        build(ex);
+        self.n += 1;
+        Ok(())
     }
 }
 
