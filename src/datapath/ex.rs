@@ -182,6 +182,12 @@ fn check_send_ops(
             format!("{} QPs cannot post {beyond:?}", qp_type.short_name()),
         ));
     }
+    device_refusal(pd, ops)
+}
+
+/// What the device (or, for ATOMIC_WRITE and FLUSH, the headers the crate
+/// was built with) lacks of `ops`, as [`Error::Unsupported`].
+fn device_refusal(pd: &ProtectionDomain, ops: SendOpsFlags) -> Result<()> {
     let ctx = pd.context();
     let dev = ctx.attr();
     let unsupported = |what| Error::Unsupported {
