@@ -626,3 +626,23 @@ pub fn rxe_has(env: &Env, since: (u32, u32), rdma_core: u32) -> bool {
         && kernel_version().is_some_and(|k| k >= since)
         && rdma_core_release().is_some_and(|r| r >= rdma_core)
 }
+
+/// The GID of the test port that requests name it by, and its index: the
+/// first IPv4-mapped (RoCE v2) entry, as `ConnectOptions` picks, else the
+/// first non-zero one. The IPv6 link-local entry that comes first on RoCE
+/// can be unusable for a while after the link comes up (Linux 7.2:
+/// `ibv_create_ah` to it timed out, ETIMEDOUT, at the start of a run).
+pub fn port_gid(env: &Env) -> Result<(rdma_verbs::Gid, u8), Failed> {
+    let entries: Vec<_> = env
+        .ctx
+        .gid_table()?
+        .into_iter()
+        .filter(|e| e.port == u32::from(env.port) && !e.gid.is_zero())
+        .collect();
+    let e = entries
+        .iter()
+        .find(|e| e.gid.as_ipv6().to_ipv4_mapped().is_some())
+        .or(entries.first())
+        .ok_or("no GID on the test port")?;
+    Ok((e.gid, e.index as u8))
+}

@@ -144,13 +144,8 @@ fn datagram_names_its_sender(env: &Env) -> Result<(), Failed> {
     let port = env.ctx.query_port(env.port)?;
     let mut av = AddressVector::new(env.port).dlid(port.lid);
     if port.grh_required() {
-        let gid = env
-            .ctx
-            .gid_table()?
-            .into_iter()
-            .find(|e| u32::from(env.port) == e.port && !e.gid.is_zero())
-            .ok_or("no GID on the port")?;
-        av = av.global(GlobalRoute::new(gid.gid, gid.index as u8));
+        let (gid, index) = crate::common::port_gid(env)?;
+        av = av.global(GlobalRoute::new(gid, index));
     }
     let ah = pd.create_ah(&av)?;
     let mut inbox = pd.alloc_chunks(1, 40 + 64, AccessFlags::LOCAL_WRITE)?;

@@ -129,13 +129,8 @@ fn ah_attr(env: &Env) -> Result<AddressVector, Failed> {
     let port = env.ctx.query_port(env.port)?;
     let mut av = AddressVector::new(env.port).dlid(port.lid);
     if port.grh_required() {
-        let e = env
-            .ctx
-            .gid_table()?
-            .into_iter()
-            .find(|e| e.port == u32::from(env.port))
-            .ok_or("no GID")?;
-        av = av.global(rdma_verbs::qp::GlobalRoute::new(e.gid, e.index as u8));
+        let (gid, index) = crate::common::port_gid(env)?;
+        av = av.global(rdma_verbs::qp::GlobalRoute::new(gid, index));
     }
     Ok(av)
 }
