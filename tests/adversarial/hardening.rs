@@ -244,7 +244,7 @@ fn leaked_poll(env: &Env) -> Result<(), Failed> {
         a.post_send([SendWr::new(2, SendOp::Send).sge_len(c.pop().unwrap(), 8)])?;
         Ok::<_, Failed>((cq, a, b))
     };
-    let rxe = env.ctx.attr().vendor_id == 0xFF_FFFF;
+    let rxe = crate::common::is_rxe(env);
     let release = rdma_verbs::sys::loaded_libibverbs().and_then(|l| l.release);
 
     // Drained to its end, then forgotten. rxe before rdma-core 59 released

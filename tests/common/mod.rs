@@ -605,7 +605,8 @@ pub fn kernel_version() -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-/// Whether the device is soft-RoCE (the kernel's `RXE_VENDOR_ID`).
+/// Whether the device is soft-RoCE: its vendor id is the kernel's
+/// `RXE_VENDOR_ID` (`drivers/infiniband/sw/rxe/rxe_param.h`).
 pub fn is_rxe(env: &Env) -> bool {
     env.ctx.attr().vendor_id == 0x00ff_ffff
 }

@@ -15,7 +15,7 @@ use rdma_verbs::{
     QpInitAttr, QpState, QpType, QueuePair, StandardFields, WcOpcode, WcStatus,
 };
 
-use crate::common::{connect, deadline, poll_n, scaled, Env, TestFn};
+use crate::common::{connect, deadline, is_rxe, poll_n, scaled, Env, TestFn};
 
 pub const TESTS: &[(&str, TestFn)] = &[
     (
@@ -71,14 +71,6 @@ fn ex_pair<F: FieldSet>(
     let mut b = pd.create_qp(&attr)?;
     connect(env, &mut a, &mut b, access)?;
     Ok(ExPair { pd, cq, a, b })
-}
-
-/// Soft-RoCE's vendor id (`RXE_VENDOR_ID` in the kernel's
-/// `drivers/infiniband/sw/rxe/rxe_param.h`).
-const RXE_VENDOR_ID: u32 = 0xFF_FFFF;
-
-fn is_rxe(env: &Env) -> bool {
-    env.ctx.attr().vendor_id == RXE_VENDOR_ID
 }
 
 /// Polls `cq` in batches, each drained to its end, calling `f` on every
