@@ -799,8 +799,12 @@ fn sqd_drain_refused_then_waited(env: &Env) -> Result<(), Failed> {
     let o = ConnectOptions {
         port: env.port,
         access: AccessFlags::REMOTE_WRITE,
-        // About 1 s per retransmission, 7 of them: time to bring b up.
-        timeout: AckTimeout::new(18)?,
+        // About 4.3 s to the first retransmission, 7 of them. rxe counts the
+        // queue drained once it rewinds the message for its retry (the
+        // rewound message is "posted" again, and SQD starts nothing new):
+        // the checks below, which take milliseconds, must come before that
+        // even on a busy machine.
+        timeout: AckTimeout::new(20)?,
         ..Default::default()
     };
     let (ea, eb) = (
@@ -813,6 +817,18 @@ fn sqd_drain_refused_then_waited(env: &Env) -> Result<(), Failed> {
         rkey: region.rkey(),
     };
     a.post_send([SendWr::new(1, SendOp::RdmaWrite(remote)).sge(src)])?;
+    // rxe on newer kernels sends from a work queue, not within
+    // ibv_post_send: a message not yet started when SQD arrives is not
+    // part of the drain, which then ends at once (seen on 7.2). Go to SQD
+    // once the first packets are out: the send PSN has moved.
+    let start = Instant::now();
+    while a.query()?.0.sq_psn == ea.psn {
+        ensure!(
+            start.elapsed() < crate::common::deadline(),
+            "the write did not start"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     a.modify(&QpAttr::new().state(QpState::Sqd))?;
     ensure!(a.query()?.0.sq_draining, "the send queue is not draining");
     for to in [QpState::Rts, QpState::Sqd, QpState::Reset] {
@@ -843,7 +859,8 @@ fn sqd_drain_refused_then_waited(env: &Env) -> Result<(), Failed> {
         Err(Error::Timeout { .. }) => {}
         other => return Err(format!("wait while the peer is down: {other:?}").into()),
     }
-    // b comes up; a's next retransmission gets through, the drain ends.
+    // b comes up; a's next retransmission timeout ends the drain (rxe
+    // rewinds the message and, in SQD, sends it again only after RTS).
     b.connect(&o, eb.psn, &ea)?;
     let start = Instant::now();
     a.wait_sq_drained(crate::common::deadline())?;
