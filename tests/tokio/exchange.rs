@@ -5,6 +5,9 @@
 //! carries its QP's index and sequence number, and each end checks that
 //! they come exactly in order; each end ends with all its chunks back.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use libtest_mimic::Failed;
 use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
 use rdma_verbs::tokio::{AsyncCq, QpCompletions, SharedCq};
@@ -53,8 +56,8 @@ fn caps() -> QpCaps {
 }
 
 fn one_cq(env: &Env) -> Result<(), Failed> {
-    let limit = crate::limit() * 6;
-    crate::run_for(limit, async {
+    let done = Arc::new(AtomicU64::new(0));
+    crate::run_progressing(crate::limit(), &done, async {
         let pd = env.ctx.alloc_pd()?;
         let shared = SharedCq::new(&env.ctx, 4096)?;
         let mut tasks = Vec::new();
@@ -65,7 +68,13 @@ fn one_cq(env: &Env) -> Result<(), Failed> {
             let (wa, wb) = (shared.register(&a)?, shared.register(&b)?);
             connect(env, &mut a, &mut b, AccessFlags::empty())?;
             let (ca, cb) = (chunks(&pd, 3)?, chunks(&pd, SERVER_RECVS)?);
-            tasks.push(tokio::spawn(ping(k as u32, a, Waits::Routed(wa), ca)));
+            tasks.push(tokio::spawn(ping(
+                k as u32,
+                a,
+                Waits::Routed(wa),
+                ca,
+                done.clone(),
+            )));
             tasks.push(tokio::spawn(echo(k as u32, b, Waits::Routed(wb), cb)));
         }
         join(tasks).await?;
@@ -79,8 +88,8 @@ fn one_cq(env: &Env) -> Result<(), Failed> {
 }
 
 fn own_cqs(env: &Env) -> Result<(), Failed> {
-    let limit = crate::limit() * 6;
-    crate::run_for(limit, async {
+    let done = Arc::new(AtomicU64::new(0));
+    crate::run_progressing(crate::limit(), &done, async {
         let pd = env.ctx.alloc_pd()?;
         let mut tasks = Vec::new();
         for k in 0..PAIRS {
@@ -91,7 +100,13 @@ fn own_cqs(env: &Env) -> Result<(), Failed> {
                 pd.create_qp(&QpInitAttr::new(QpType::Rc, qb.cq(), qb.cq()).caps(caps()))?;
             connect(env, &mut a, &mut b, AccessFlags::empty())?;
             let (ca, cb) = (chunks(&pd, 3)?, chunks(&pd, SERVER_RECVS)?);
-            tasks.push(tokio::spawn(ping(k as u32, a, Waits::Own(qa), ca)));
+            tasks.push(tokio::spawn(ping(
+                k as u32,
+                a,
+                Waits::Own(qa),
+                ca,
+                done.clone(),
+            )));
             tasks.push(tokio::spawn(echo(k as u32, b, Waits::Own(qb), cb)));
         }
         join(tasks).await
@@ -114,7 +129,8 @@ fn busy_poll(env: &Env) -> Result<(), Failed> {
                 pd.create_qp(&QpInitAttr::new(QpType::Rc, qb.cq(), qb.cq()).caps(caps()))?;
             connect(env, &mut a, &mut b, AccessFlags::empty())?;
             let (ca, cb) = (chunks(&pd, 3)?, chunks(&pd, SERVER_RECVS)?);
-            tasks.push(tokio::spawn(ping_n(k, a, Waits::Own(qa), ca, 200)));
+            let done = Arc::new(AtomicU64::new(0));
+            tasks.push(tokio::spawn(ping_n(k, a, Waits::Own(qa), ca, 200, done)));
             tasks.push(tokio::spawn(echo_n(k, b, Waits::Own(qb), cb, 200)));
         }
         join(tasks).await
@@ -153,9 +169,15 @@ fn message(k: u32, i: u32) -> [u8; 8] {
 }
 
 /// The pinging end: sends message `i`, waits for its echo (and its send's
-/// completion), checks it, repeats.
-async fn ping(k: u32, qp: QueuePair, waits: Waits, bufs: Vec<Chunk>) -> Result<String, String> {
-    ping_n(k, qp, waits, bufs, MESSAGES).await
+/// completion), checks it, counts it in `done`, repeats.
+async fn ping(
+    k: u32,
+    qp: QueuePair,
+    waits: Waits,
+    bufs: Vec<Chunk>,
+    done: Arc<AtomicU64>,
+) -> Result<String, String> {
+    ping_n(k, qp, waits, bufs, MESSAGES, done).await
 }
 
 async fn ping_n(
@@ -164,6 +186,7 @@ async fn ping_n(
     mut waits: Waits,
     mut bufs: Vec<Chunk>,
     messages: u32,
+    done: Arc<AtomicU64>,
 ) -> Result<String, String> {
     let e = |what: &str, err: &dyn std::fmt::Display| format!("QP {k} (ping): {what}: {err}");
     let mut send = bufs.pop().ok_or("no send buffer")?;
@@ -216,6 +239,7 @@ async fn ping_n(
             }
         }
         send = sent.ok_or("no send")?;
+        done.fetch_add(1, Ordering::Relaxed);
     }
     if qp.outstanding_sends() != 0 || qp.outstanding_recvs() != held {
         return Err(format!(
