@@ -19,8 +19,19 @@
 //!   -c, --chk              validate received buffer
 //!   -N, --new_send         post the sends through the ibv_wr_* API
 //!   -t, --ts               get CQE with timestamp
-//!   -o, -O, -P, -j, -U     accepted, but not available in this port
+//!   -o, --odp              use on demand paging
+//!   -P, --prefetch         prefetch an ODP MR
+//!   -O, -j, -U             accepted, but not available in this port
 //! ```
+//!
+//! `-o` registers the buffers with `IBV_ACCESS_ON_DEMAND` once the device
+//! reports on-demand paging with RC sends and receives (`odp_caps` of
+//! `ibv_query_device_ex`), as the C program does; `-P` then prefetches
+//! them for writing (`ibv_advise_mr`, `IBV_ADVISE_MR_FLAG_FLUSH`), and a
+//! failed prefetch is reported and the run goes on. On rxe the crate
+//! refuses on-demand regions (`Unsupported`: see `rdma_verbs::mr`'s ODP
+//! section), so `-o` ends there with that reason. `-O` (implicit ODP, one
+//! region over the whole address space) is not offered by the crate.
 //!
 //! `-N` creates the QP with `ibv_create_qp_ex` (`IBV_QP_EX_WITH_SEND`) and
 //! posts each SEND as `ibv_wr_start`, `ibv_wr_send` with its data,
@@ -59,7 +70,7 @@ mod quiet_pipe;
 
 use std::process::ExitCode;
 
-use pingpong::{opt, Config, OrFail, Program, Res};
+use pingpong::{opt, Config, Odp, OrFail, Program, Res};
 use rdma_verbs::qp::{AckTimeout, Endpoint, MinRnrTimer, QpAttr, RetryCount, RnrRetry};
 use rdma_verbs::{QpState, QpType, QueuePair};
 
@@ -95,9 +106,9 @@ const PROGRAM: Program = Program {
         "  -l, --sl=<sl>          service level value",
         "  -e, --events           sleep on CQ events (default poll)",
         "  -g, --gid-idx=<gid index> local port gid index",
-        "  -o, --odp              use on demand paging (not available in this port)",
+        "  -o, --odp              use on demand paging",
         "  -O, --iodp             use implicit on demand paging (not available in this port)",
-        "  -P, --prefetch         prefetch an ODP MR (not available in this port)",
+        "  -P, --prefetch         prefetch an ODP MR",
         "  -t, --ts               get CQE with timestamp",
         "  -c, --chk              validate received buffer",
         "  -j, --dm               use device memory (not available in this port)",
@@ -134,13 +145,17 @@ fn connect(qp: &mut QueuePair, cfg: &Config, me: Endpoint, dest: &Endpoint) -> R
     qp.modify(&rts).or_fail("Failed to modify QP to RTS")
 }
 
-fn run(cfg: Config) -> Res<()> {
+fn run(mut cfg: Config) -> Res<()> {
     let has = |c| cfg.flags.contains(&c);
     if (has('o') || has('O')) && has('j') {
         return Err("DM memory region can't be on demand".into());
     }
     if !(has('o') || has('O')) && has('P') {
         return Err("prefetch is valid only with on-demand memory region".into());
+    }
+    if has('o') && !has('O') {
+        cfg.odp = Odp::On { prefetch: has('P') };
+        cfg.flags.retain(|&f| f != 'o' && f != 'P');
     }
     if let Some(&f) = cfg.flags.first() {
         return Err(pingpong::unsupported("rc_pingpong", f));

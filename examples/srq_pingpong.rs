@@ -188,7 +188,8 @@ fn run(cfg: Config) -> Res<()> {
     let channel = pingpong::create_channel(&ctx, cfg.use_event)?;
     let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
     let mut bufs = RecvBuffers::new(&pd, rx_depth, size).or_fail("Couldn't register MR")?;
-    let mut send_bufs = pingpong::alloc_buffers(&pd, num_qp, size, 0)?.into_iter();
+    let mut send_bufs =
+        pingpong::alloc_buffers(&pd, num_qp, size, 0, pingpong::Odp::Off)?.into_iter();
     let cq = pingpong::create_cq(&ctx, rx_depth + num_qp, channel.as_ref())?;
     let srq = pd
         .create_srq(rx_depth as u32, 1, 0)

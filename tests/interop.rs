@@ -17,6 +17,13 @@
 //! exit status; on a device with them a run of the two (the Rust side with
 //! `-e` as client), both printing the timestamp statistics.
 //!
+//! With `-o` (buffers registered on demand): on a device without RC
+//! on-demand paging, `rc_pingpong -o` and `ibv_rc_pingpong -o` fail the
+//! same way in each role; on one with it, `ibv_rc_pingpong -o` (and `-o -P`,
+//! prefetched) against `rc_pingpong` in both roles, and `rc_pingpong -o`
+//! against `ibv_rc_pingpong -o` where the crate takes on-demand regions
+//! (on rxe it refuses them, and `rc_pingpong -o` must say so).
+//!
 //! Also runs the `rdma_ops` example, server and client, which checks every
 //! RDMA write, read and atomic result.
 //!
@@ -257,6 +264,47 @@ const NEW_SEND: [Run; 18] = [
     },
 ];
 
+/// `ibv_rc_pingpong -o` against `rc_pingpong`: the C program as server
+/// (on demand; the Rust client checks what comes back from that memory),
+/// then as client (on demand and prefetched, checking what it receives
+/// into it), `-c` on the Rust side and on the C client. Not on the C
+/// server: `ibv_rc_pingpong -o -c` as server reports "invalid data in page
+/// 0" once per run against a client without `-o`, the C program's own
+/// included (rxe on Linux 7.2, 3 runs of 3; none when both use `-o`).
+/// Then `rc_pingpong -o` against `ibv_rc_pingpong -o`, each role.
+const ODP_C: [Run; 2] = [
+    Run {
+        example: "rc",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-o"],
+        client_args: &["-e", "-c"],
+    },
+    Run {
+        example: "rc",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-c"],
+        client_args: &["-o", "-P", "-c"],
+    },
+];
+const ODP_BOTH: [Run; 2] = [
+    Run {
+        example: "rc",
+        server: Side::Rust,
+        client: Side::C,
+        server_args: &["-o", "-P", "-c"],
+        client_args: &["-o", "-c"],
+    },
+    Run {
+        example: "rc",
+        server: Side::C,
+        client: Side::Rust,
+        server_args: &["-o", "-c"],
+        client_args: &["-o", "-c"],
+    },
+];
+
 fn nth(n: usize) -> &'static Run {
     [&RC, &UC, &UD, &SRQ][n / 8].get(n % 8).expect("32 runs")
 }
@@ -286,6 +334,8 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(NEW_SEND_RUNS);
     tests.push(("interop::rc_ts_server", rc_ts::<false>));
     tests.push(("interop::rc_ts_client", rc_ts::<true>));
+    tests.push(("interop::rc_odp_c_server", rc_odp::<false>));
+    tests.push(("interop::rc_odp_c_client", rc_odp::<true>));
     tests.push(("interop::rdma_ops", rdma_ops));
     // Two VMs' worth of pingpongs at once would share the one device and
     // the loopback ports: one at a time.
@@ -320,46 +370,109 @@ fn rc_ts<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
     if mask != 0 {
         return rc_ts_run(env, CLIENT, mask);
     }
-    let mut args: Vec<String> = vec!["-t".into()];
-    args.extend(procs::device_args(
+    let port = if CLIENT { 19_250 } else { 19_251 };
+    both_refuse(
         env,
-        if CLIENT { 19_250 } else { 19_251 },
-    )?);
-    if CLIENT {
+        CLIENT,
+        "-t",
+        port,
+        "The device isn't completion timestamp capable\n",
+    )
+}
+
+/// `rc_pingpong FLAG` and `ibv_rc_pingpong FLAG` in one role (`client`:
+/// with `127.0.0.1`), on a device that lacks what the flag needs: the check
+/// comes before any connection, and both must fail the same way: the same
+/// stdout (nothing), the same stderr (`expected`), exit status 1.
+fn both_refuse(
+    env: &Env,
+    client: bool,
+    flag: &str,
+    tcp_port: u16,
+    expected: &str,
+) -> Result<(), Failed> {
+    let mut args: Vec<String> = vec![flag.into()];
+    args.extend(procs::device_args(env, tcp_port)?);
+    if client {
         args.push("127.0.0.1".into());
     }
-    // Each run to its end: a program still running at the deadline is an
-    // error.
-    let run = |bin: &PathBuf| -> Result<(Option<i32>, String, String), Failed> {
-        let limit = common::deadline();
-        let ran = procs::finish(procs::spawn(Command::new(bin).args(&args))?, limit)?;
-        ensure!(
-            ran.killed_after.is_none(),
-            "still running after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)"
-        );
-        Ok((ran.code, ran.stdout, ran.stderr))
-    };
-    let rust = run(&rust_example("rc_pingpong")?)?;
-    let role = if CLIENT { "client" } else { "server" };
-    let c = run(&on_path_c("ibv_rc_pingpong")?)?;
+    let rust = run_alone(&rust_example("rc_pingpong")?, &args)?;
+    let role = if client { "client" } else { "server" };
+    let c = run_alone(&on_path_c("ibv_rc_pingpong")?, &args)?;
     ensure!(
         rust == c,
-        "{role}: rc_pingpong -t and ibv_rc_pingpong -t differ\n\
+        "{role}: rc_pingpong {flag} and ibv_rc_pingpong {flag} differ\n\
          --- Rust (status, stdout, stderr): {rust:?}\n--- C: {c:?}"
     );
     ensure!(
-        c.0 == Some(1)
-            && c.1.is_empty()
-            && c.2 == "The device isn't completion timestamp capable\n",
-        "{role}: ibv_rc_pingpong -t did not fail as expected on a device \
-         without timestamps: {c:?}"
+        c.0 == Some(1) && c.1.is_empty() && c.2 == expected,
+        "{role}: ibv_rc_pingpong {flag} did not fail with {expected:?}: {c:?}"
     );
     eprintln!(
-        "interop: rc -t {role}: both exit {:?} with {:?}",
+        "interop: rc {flag} {role}: both exit {:?} with {:?}",
         c.0,
         c.2.trim()
     );
     Ok(())
+}
+
+/// Runs `bin` with `args` to its end (one still running at the deadline is
+/// an error): its exit status, stdout and stderr.
+fn run_alone(bin: &PathBuf, args: &[String]) -> Result<(Option<i32>, String, String), Failed> {
+    let limit = common::deadline();
+    let ran = procs::finish(procs::spawn(Command::new(bin).args(args))?, limit)?;
+    ensure!(
+        ran.killed_after.is_none(),
+        "still running after {limit:?} (raise RDMA_VERBS_TIME_SCALE on a slow machine)"
+    );
+    Ok((ran.code, ran.stdout, ran.stderr))
+}
+
+/// `-o` with the C program in one role (`client`). On a device without
+/// on-demand paging for RC sends and receives, both programs refuse `-o`
+/// alike ([`both_refuse`]). On one with it, `ibv_rc_pingpong -o` runs
+/// against `rc_pingpong` ([`ODP_C`]); then, where the crate registers
+/// on-demand regions, `rc_pingpong -o` against `ibv_rc_pingpong -o`
+/// ([`ODP_BOTH`]), and where it refuses them (rxe), `rc_pingpong -o` in
+/// this role must fail with the crate's reason.
+fn rc_odp<const CLIENT: bool>(env: &Env) -> Result<(), Failed> {
+    use rdma_verbs::{AccessFlags, Error, OdpGeneralCaps, OdpTransportCaps};
+    let odp = env.ctx.attr().odp;
+    let rc = OdpTransportCaps::SEND | OdpTransportCaps::RECV;
+    let port = if CLIENT { 19_260 } else { 19_261 };
+    if !odp.general.contains(OdpGeneralCaps::SUPPORT) || !odp.rc.contains(rc) {
+        return both_refuse(
+            env,
+            CLIENT,
+            "-o",
+            port,
+            "The device isn't ODP capable or does not support RC send and receive with ODP\n",
+        );
+    }
+    run(env, &ODP_C[usize::from(CLIENT)], port)?;
+    let pd = env.ctx.alloc_pd()?;
+    match pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND) {
+        Ok(_) => run(env, &ODP_BOTH[usize::from(CLIENT)], port + 2),
+        Err(Error::Unsupported { what, .. }) => {
+            let mut args = vec!["-o".to_string()];
+            args.extend(procs::device_args(env, port + 2)?);
+            if !CLIENT {
+                args.push("127.0.0.1".into());
+            }
+            let (code, stdout, stderr) = run_alone(&rust_example("rc_pingpong")?, &args)?;
+            ensure!(
+                code == Some(1)
+                    && stdout.is_empty()
+                    && stderr.starts_with("Couldn't register MR (")
+                    && stderr.contains(what),
+                "rc_pingpong -o where the crate refuses on-demand regions ({what}): \
+                 {code:?}, stdout {stdout:?}, stderr {stderr:?}"
+            );
+            eprintln!("interop: rc_pingpong -o refused: {}", stderr.trim());
+            Ok(())
+        }
+        Err(e) => Err(format!("an on-demand region on a device with ODP: {e}").into()),
+    }
 }
 
 /// `rc_pingpong -t` against `ibv_rc_pingpong -t` on a device with completion

@@ -20,8 +20,8 @@ use rdma_verbs::qp::{
 };
 use rdma_verbs::{
     AccessFlags, AddressHandle, Chunk, CompletionChannel, CompletionQueue, CompletionQueueEx,
-    Context, DeviceList, Gid, LinkLayer, ProtectionDomain, QpInitAttr, QpState, QpType, QueuePair,
-    WcStatus, WorkCompletion,
+    Context, DeviceList, Gid, LinkLayer, MrAdvice, ProtectionDomain, QpInitAttr, QpState, QpType,
+    QueuePair, WcStatus, WorkCompletion,
 };
 
 #[path = "pingpong/cli.rs"]
@@ -163,17 +163,37 @@ pub fn create_cq_ts(
     .or_fail("Couldn't create CQ")
 }
 
-/// `count` registered chunks of `len` bytes, each filled with `fill`.
-pub fn alloc_buffers(pd: &ProtectionDomain, count: usize, len: usize, fill: u8) -> Res<Vec<Chunk>> {
+/// `count` registered chunks of `len` bytes, each filled with `fill`: one
+/// region, on demand under `-o` and prefetched for writing under `-P`
+/// (rc_pingpong), as the C program registers its buffer.
+pub fn alloc_buffers(
+    pd: &ProtectionDomain,
+    count: usize,
+    len: usize,
+    fill: u8,
+    odp: Odp,
+) -> Res<Vec<Chunk>> {
     if len == 0 {
         return Err("Couldn't allocate work buf (size 0)".into());
     }
     if count == 0 {
         return Ok(Vec::new());
     }
-    let mut chunks = pd
-        .alloc_chunks(count, len, AccessFlags::LOCAL_WRITE)
-        .or_fail("Couldn't register MR")?;
+    let total = count
+        .checked_mul(len)
+        .ok_or("Couldn't allocate work buf (too large)")?;
+    let access = match odp {
+        Odp::Off => AccessFlags::LOCAL_WRITE,
+        Odp::On { .. } => AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND,
+    };
+    let region = pd.register(total, access).or_fail("Couldn't register MR")?;
+    if let Odp::On { prefetch: true } = odp {
+        // As the C program: a failed prefetch is reported, not fatal.
+        if let Err(e) = region.prefetch(MrAdvice::PrefetchWrite, 0..total) {
+            eprintln!("Couldn't prefetch MR({e}). Continue anyway");
+        }
+    }
+    let mut chunks = region.into_chunks(len).or_fail("Couldn't register MR")?;
     for c in &mut chunks {
         c.as_mut_slice().fill(fill);
     }

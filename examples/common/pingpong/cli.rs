@@ -73,8 +73,24 @@ pub struct Config {
     pub new_send: bool,
     /// Completion timestamps (`-t`, rc_pingpong).
     pub timestamps: bool,
+    /// On-demand paging for the buffers (`-o`, `-P`, rc_pingpong).
+    pub odp: Odp,
     /// Other flag options given (`-o`, `-t`, ...), each once, in order.
     pub flags: Vec<char>,
+}
+
+/// Whether the buffers are registered on demand (`IBV_ACCESS_ON_DEMAND`,
+/// `-o`), and then prefetched with `ibv_advise_mr` (`-P`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Odp {
+    /// Pinned at registration, as by default.
+    #[default]
+    Off,
+    /// On demand; `prefetch`: fault the pages in before the first exchange.
+    On {
+        /// `-P`.
+        prefetch: bool,
+    },
 }
 
 /// The options found, in order, with their arguments, and the positional
@@ -263,6 +279,7 @@ pub fn parse_config(argv0: &str, args: &[String], prog: &Program) -> Result<Conf
         num_qp: 16,
         new_send: false,
         timestamps: false,
+        odp: Odp::Off,
         flags: Vec::new(),
     };
     for (c, value) in found {
@@ -323,15 +340,16 @@ pub fn unsupported(prog: &str, flag: char) -> String {
     let (option, reason) = match flag {
         'o' => (
             "-o/--odp (on-demand paging)",
-            "rdma-verbs cannot query ODP capabilities (odp_caps of ibv_query_device_ex) yet",
+            "this program does not register its buffers on demand (rc_pingpong does)",
         ),
         'O' => (
             "-O/--iodp (implicit on-demand paging)",
-            "rdma-verbs cannot register the whole address space (ibv_reg_mr(pd, NULL, SIZE_MAX, ...))",
+            "rdma-verbs does not offer implicit ODP (ibv_reg_mr(pd, NULL, SIZE_MAX, ...)): its keys \
+             would reach every byte of the process",
         ),
         'P' => (
             "-P/--prefetch (prefetch an ODP MR)",
-            "rdma-verbs has no ibv_advise_mr",
+            "this program does not register its buffers on demand (rc_pingpong does)",
         ),
         'j' => (
             "-j/--dm (device memory)",

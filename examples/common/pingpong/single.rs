@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 
 use rdma_verbs::qp::{QpAttr, RecvBuffers, RequestKind, SendOp, SendTemplate, Taken};
 use rdma_verbs::{
-    Chunk, CompletionChannel, CompletionQueue, CompletionQueueEx, Context, QpCaps, QpInitAttr,
-    QpType, QueuePair, SharedChunk, WorkCompletion,
+    Chunk, CompletionChannel, CompletionQueue, CompletionQueueEx, Context, OdpGeneralCaps,
+    OdpTransportCaps, QpCaps, QpInitAttr, QpType, QueuePair, SharedChunk, WorkCompletion,
 };
 
 use super::{
     alloc_buffers, check_status, create_channel, create_cq, create_cq_ts, next_completions,
     post_recvs, post_send, reclaim, send_ops, status_result, timestamp_mask, wait_cq_event,
-    Checker, Config, OrFail, Res, TsFields, TsStats, UdDest, RECV_WRID, SEND_WRID,
+    Checker, Config, Odp, OrFail, Res, TsFields, TsStats, UdDest, RECV_WRID, SEND_WRID,
 };
 
 /// The extended CQ of `ibv_rc_pingpong -t` and the statistics of its
@@ -205,8 +205,11 @@ impl SingleQp {
         } else {
             None
         };
-        let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b)?.pop();
-        let rx = if ts_mask.is_none() && cfg.rx_depth > 0 {
+        if cfg.odp != Odp::Off {
+            check_odp(ctx)?;
+        }
+        let send_buf = alloc_buffers(&pd, 1, cfg.size, 0x7b, cfg.odp)?.pop();
+        let rx = if ts_mask.is_none() && cfg.rx_depth > 0 && cfg.odp == Odp::Off {
             Rx::Pool(
                 RecvBuffers::new(&pd, cfg.rx_depth, cfg.size + recv_offset)
                     .or_fail("Couldn't register MR")?,
@@ -217,6 +220,7 @@ impl SingleQp {
                 cfg.rx_depth,
                 cfg.size + recv_offset,
                 0x7b,
+                cfg.odp,
             )?)
         };
         let (cq, ts) = match ts_mask {
@@ -516,4 +520,17 @@ mod tests {
         };
         assert!(none.done());
     }
+}
+
+/// `-o`'s check in `pp_init_ctx`: the device has on-demand paging, with RC
+/// sends and receives.
+fn check_odp(ctx: &Context) -> Res<()> {
+    let odp = ctx.attr().odp;
+    let rc = OdpTransportCaps::SEND | OdpTransportCaps::RECV;
+    if !odp.general.contains(OdpGeneralCaps::SUPPORT) || !odp.rc.contains(rc) {
+        return Err(
+            "The device isn't ODP capable or does not support RC send and receive with ODP".into(),
+        );
+    }
+    Ok(())
 }
