@@ -46,9 +46,19 @@ pub const TESTS: &[(&str, TestFn)] = &[
 
 use crate::common::TestFn;
 
-/// Queue depth of the exchange QPs, and messages each way per QP.
+/// Queue depth of the exchange QPs.
 const DEPTH: u32 = 16;
-const MESSAGES: u64 = 600;
+
+/// Messages each way per QP: 600, wrapping the queue 37 times; 100 under
+/// valgrind, where the threads take turns anyway and memcheck checks every
+/// access however often it happens (600 took 3 minutes a test there).
+fn messages() -> u64 {
+    if crate::common::under_valgrind() {
+        100
+    } else {
+        600
+    }
+}
 
 /// Two RC QPs of depth [`DEPTH`] on one CQ, connected to each other.
 fn rc_pair(
@@ -76,7 +86,7 @@ fn rc_pair(
 }
 
 /// The sending side of the exchange: each QP's send half sends
-/// [`MESSAGES`] numbered messages, keeping its queue full.
+/// [`messages()`] numbered messages, keeping its queue full.
 struct Sender<'a, 'q> {
     halves: Vec<&'a mut SendHalf<'q>>,
     free: Vec<Vec<Chunk>>,
@@ -102,7 +112,7 @@ fn taken(n: usize, reclaim: impl FnMut(usize) -> bool) -> bool {
 impl Sender<'_, '_> {
     fn post(&mut self) -> Result<(), Failed> {
         for i in 0..self.halves.len() {
-            while self.sent[i] < MESSAGES && (self.halves[i].outstanding() as u32) < DEPTH {
+            while self.sent[i] < messages() && (self.halves[i].outstanding() as u32) < DEPTH {
                 let Some(mut c) = self.free[i].pop() else {
                     break;
                 };
@@ -161,7 +171,7 @@ impl Receiver<'_, '_> {
     }
 
     fn finished(&self) -> bool {
-        self.got.iter().all(|&n| n == MESSAGES)
+        self.got.iter().all(|&n| n == messages())
     }
 }
 
@@ -250,7 +260,7 @@ fn exchange(
                     let m = me.borrow();
                     let out: Vec<usize> = m.halves.iter().map(|h| h.outstanding()).collect();
                     let free: Vec<usize> = m.free.iter().map(Vec::len).collect();
-                    (m.done < 2 * MESSAGES).then(|| {
+                    (m.done < 2 * messages()).then(|| {
                         format!(
                             "{} done, sent {:?}, outstanding {out:?}, free {free:?}",
                             m.done, m.sent
@@ -273,7 +283,7 @@ fn exchange(
         let receiver = s.spawn(move || -> Result<usize, Failed> {
             let mut me = Receiver {
                 halves: vec![xa, xb],
-                seen: vec![vec![false; MESSAGES as usize]; 2],
+                seen: vec![vec![false; messages() as usize]; 2],
                 got: vec![0, 0],
             };
             let me = std::cell::RefCell::new(&mut me);
@@ -302,7 +312,7 @@ fn exchange(
         println!(
             "halves: {done} sends and {} receives on 2 QPs from 2 threads; \
              {fwd_tx} + {fwd_rx} completions refused by the wrong half, then taken by the right one",
-            2 * MESSAGES
+            2 * messages()
         );
         Ok(())
     })

@@ -4,6 +4,9 @@
 //!
 //! Environment:
 //! * `RDMA_VERBS_DEVICE`: the device to test (default: the first one);
+//!   `none` skips every device test even where a device exists (`.ci/vm
+//!   test` runs each test executable so on the host first, to find those
+//!   that need no device);
 //! * `RDMA_VERBS_PORT`: the port to test (default: 1);
 //! * `RDMA_VERBS_REQUIRE_DEVICE=1`: a missing device fails every test
 //!   instead of skipping it (the VM run always sets it);
@@ -44,6 +47,9 @@ pub fn device_required() -> bool {
 pub fn device_name() -> Result<String, String> {
     let list = DeviceList::new().map_err(|e| e.to_string())?;
     match std::env::var("RDMA_VERBS_DEVICE") {
+        Ok(name) if name == "none" => {
+            Err("RDMA_VERBS_DEVICE=none: no device tests here".to_owned())
+        }
         Ok(name) if !name.is_empty() => list
             .find(&name)
             .map(|d| d.name().to_owned())
@@ -295,6 +301,12 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
     }
+}
+
+/// Whether the test runs under valgrind's memcheck: `.ci/vm test --valgrind`
+/// sets `RDMA_VERBS_VALGRIND=1`. A stress loop runs fewer rounds there.
+pub fn under_valgrind() -> bool {
+    std::env::var("RDMA_VERBS_VALGRIND").as_deref() == Ok("1")
 }
 
 /// How long a test waits for something that must happen (completions, an
