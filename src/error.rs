@@ -6,6 +6,8 @@ use std::fmt;
 use std::io;
 use std::ptr::NonNull;
 
+mod reject;
+
 /// Everything that can go wrong in `rdma-verbs`.
 ///
 /// Errors from libibverbs carry the verb that failed and its `errno`;
@@ -138,8 +140,10 @@ pub enum Error {
     /// domain now: it is still used by 2 queue pairs, 1 memory region, 1
     /// other handle (a clone); it will be destroyed when the last of them
     /// is dropped`.
-    #[error("cannot close the {object} now: it is still used by {by}; it will be destroyed when the last of them is dropped")]
+    #[error("cannot {} the {object} now: it is still used by {by}; {}", .op.verb(), .op.after())]
     InUse {
+        /// What was asked, which says what became of the object.
+        op: InUseOp,
         /// Which kind of object, e.g. `"protection domain"`.
         object: &'static str,
         /// How many other handles and objects still hold it, in all.
@@ -199,6 +203,31 @@ pub enum Error {
         /// What the object can still do.
         can: &'static str,
     },
+    /// The connection manager found no RDMA device for an address: the
+    /// route starts at an address no RDMA device's network interface has
+    /// (127.0.0.1, or a plain Ethernet card's), so
+    /// `rdma_resolve_route` failed with `ENODEV`. The CM works only on the
+    /// IP addresses of RDMA devices' interfaces (the netdev under a RoCE
+    /// device or rxe, an IPoIB interface); the message lists this
+    /// machine's.
+    #[error(
+        "{verb} failed: {}: no RDMA device has {}{}",
+        io::Error::from_raw_os_error(*.errno),
+        .addr.map_or("the route's source address".to_owned(), |a| format!("the address {a}")),
+        usable_list(.usable)
+    )]
+    NoRdmaAddress {
+        /// The C function that failed (`"rdma_resolve_route"`).
+        verb: &'static str,
+        /// The `errno` it reported (`ENODEV`).
+        errno: i32,
+        /// The address the route starts at, when the id knows it.
+        addr: Option<std::net::IpAddr>,
+        /// This machine's addresses that RDMA devices answer to, each as
+        /// `"ADDRESS (DEVICE port N)"`: those of RoCE GIDs (InfiniBand
+        /// ports' IPoIB addresses are not listed).
+        usable: Vec<String>,
+    },
     /// libibverbs returned a value this crate does not know how to decode.
     #[error("{verb} returned an unexpected {field} value {value}")]
     Unexpected {
@@ -211,12 +240,71 @@ pub enum Error {
     },
 }
 
+/// What [`Error::InUse`] refused, and so what became of the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InUseOp {
+    /// `close()`: the object stays alive, and is destroyed when the last
+    /// of its users is dropped.
+    Close,
+    /// [`MemoryRegion::into_inner`](crate::MemoryRegion::into_inner) or
+    /// [`ChunkedRegion::into_inner`](crate::ChunkedRegion::into_inner):
+    /// the region comes back with the error, still registered.
+    HandBack,
+    /// [`ChunkedRegion::rejoin`](crate::ChunkedRegion::rejoin): the chunked
+    /// region comes back with the error.
+    Rejoin,
+    /// `rereg_*` of a memory region: nothing was changed.
+    Rereg,
+}
+
+impl InUseOp {
+    fn verb(self) -> &'static str {
+        match self {
+            InUseOp::Close => "close",
+            InUseOp::HandBack => "hand back the buffer of",
+            InUseOp::Rejoin => "rejoin",
+            InUseOp::Rereg => "re-register",
+        }
+    }
+
+    fn after(self) -> &'static str {
+        match self {
+            InUseOp::Close => "it will be destroyed when the last of them is dropped",
+            InUseOp::HandBack => {
+                "it comes back with this error, still registered (Refused::into_value)"
+            }
+            InUseOp::Rejoin => {
+                "the chunked region comes back with this error (Refused::into_value)"
+            }
+            InUseOp::Rereg => "nothing was changed",
+        }
+    }
+}
+
 fn cm_status(got: &str, status: i32) -> String {
     match status {
         0 => String::new(),
-        s if got == "RDMA_CM_EVENT_REJECTED" => format!(" (reject reason {s})"),
+        s if got == "RDMA_CM_EVENT_REJECTED" => format!(" (reject reason {})", reject::describe(s)),
+        s if got == "RDMA_CM_EVENT_UNREACHABLE" && s > 0 => {
+            format!(" (SIDR status {})", reject::describe_sidr(s))
+        }
         s if s < 0 => format!(" ({})", io::Error::from_raw_os_error(-s)),
         s => format!(" (status {s})"),
+    }
+}
+
+fn usable_list(usable: &[String]) -> String {
+    if usable.is_empty() {
+        "; this machine's RDMA devices have no IP address (give the network interface under \
+         one an address)"
+            .to_owned()
+    } else {
+        format!(
+            "; the connection manager needs the address of an RDMA device's network interface: \
+             {}",
+            usable.join(", ")
+        )
     }
 }
 
@@ -231,7 +319,7 @@ impl Error {
     /// The `errno` behind this error, when it came from libibverbs.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Verb { errno, .. } => Some(*errno),
+            Error::Verb { errno, .. } | Error::NoRdmaAddress { errno, .. } => Some(*errno),
             Error::Unsupported { errno, .. } => *errno,
             Error::CmEvent { status, got, .. }
                 if *status < 0 && *got != "RDMA_CM_EVENT_REJECTED" =>
@@ -246,6 +334,7 @@ impl Error {
     pub fn verb(&self) -> Option<&'static str> {
         match self {
             Error::Verb { verb, .. }
+            | Error::NoRdmaAddress { verb, .. }
             | Error::InvalidArgument { verb, .. }
             | Error::QpState { verb, .. }
             | Error::QueueFull { verb, .. }
@@ -267,6 +356,7 @@ impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {
             Error::Verb { errno, .. } => io::Error::from_raw_os_error(*errno).kind(),
+            Error::NoRdmaAddress { .. } => io::ErrorKind::AddrNotAvailable,
             Error::InvalidArgument { .. }
             | Error::OutOfRange { .. }
             | Error::Modify(_)
@@ -448,6 +538,44 @@ pub(crate) fn table_of(len: impl Into<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_rdma_address_names_the_address_and_the_usable_ones() {
+        let e = Error::NoRdmaAddress {
+            verb: "rdma_resolve_route",
+            errno: libc::ENODEV,
+            addr: Some("127.0.0.1".parse().unwrap()),
+            usable: vec![
+                "10.0.2.15 (rxe0 port 1)".into(),
+                "fd00::2 (rxe0 port 1)".into(),
+            ],
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("rdma_resolve_route failed: No such device"),
+            "{m}"
+        );
+        assert!(
+            m.contains("no RDMA device has the address 127.0.0.1"),
+            "{m}"
+        );
+        assert!(
+            m.ends_with("interface: 10.0.2.15 (rxe0 port 1), fd00::2 (rxe0 port 1)"),
+            "{m}"
+        );
+        assert_eq!(e.errno(), Some(libc::ENODEV));
+        let none = Error::NoRdmaAddress {
+            verb: "rdma_resolve_route",
+            errno: libc::ENODEV,
+            addr: None,
+            usable: vec![],
+        };
+        let m = none.to_string();
+        assert!(
+            m.contains("the route's source address") && m.contains("have no IP address"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn positive_rc_is_the_errno() {

@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{check_rc, Error, Result};
+use crate::error::{check_rc, Error, InUseOp, Result};
 use crate::users::{InUseBy, UserCounts};
 
 /// A raw libibverbs object type and the verb that destroys it.
@@ -171,13 +171,29 @@ pub(crate) fn take_last<T: RawObject, K>(
     Arc::try_unwrap(arc).map_err(|arc| in_use(T::NAME, &arc, counts(arc.keep())))
 }
 
-/// The [`Error::InUse`] for `arc`, whose other handles are its users.
+/// The [`Error::InUse`] of `close` for `arc`, whose other handles are its
+/// users: the object is destroyed when the last of them is dropped.
 pub(crate) fn in_use<X>(object: &'static str, arc: &Arc<X>, counts: Option<&UserCounts>) -> Error {
     let users = Arc::strong_count(arc) - 1;
     Error::InUse {
+        op: InUseOp::Close,
         object,
         users,
         by: counts.map_or_else(|| InUseBy::uncounted(users), |c| c.breakdown(users)),
+    }
+}
+
+/// The [`Error::InUse`] of a memory region's `op` (`into_inner`, `rejoin`,
+/// `rereg_*`) refused while other handles of `arc` name the region: the
+/// region stays as it was.
+#[cold]
+pub(crate) fn region_in_use<X>(op: InUseOp, arc: &Arc<X>) -> Error {
+    let users = Arc::strong_count(arc) - 1;
+    Error::InUse {
+        op,
+        object: "memory region",
+        users,
+        by: InUseBy::region_users(users),
     }
 }
 

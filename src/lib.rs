@@ -130,12 +130,12 @@ pub use cq::{CompletionQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use cq_ex::{CompletionQueueEx, CqExBuilder, CqPoll, PolledWc, StandardFields};
 pub use device::{Device, DeviceList, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags, PacketPacingCaps};
-pub use error::{Error, Refused, Result};
+pub use error::{Error, InUseOp, Refused, Result};
 pub use event::AsyncEvent;
 pub use gid::{Gid, GidEntry, GidType};
 pub use mr::{
     page_size, AccessFlags, Chunk, ChunkedRegion, DmaBuf, MemoryRegion, MrAdvice, OdpCaps,
-    OdpGeneralCaps, OdpTransportCaps, Pages, RegisterBuffer, SharedChunk,
+    OdpGeneralCaps, OdpTransportCaps, Pages, PeerView, RegisterBuffer, SharedChunk,
 };
 pub use mw::{MemoryWindow, MwBind, MwType};
 pub use pd::ProtectionDomain;

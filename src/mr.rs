@@ -19,6 +19,7 @@ mod memory;
 mod odp;
 mod owned;
 mod rereg;
+mod view;
 mod volatile;
 pub use chunk::{Chunk, SharedChunk};
 pub use dmabuf::DmaBuf;
@@ -26,6 +27,7 @@ pub(crate) use memory::Memory;
 pub use memory::{Pages, RegisterBuffer};
 pub use odp::{MrAdvice, OdpCaps, OdpGeneralCaps, OdpTransportCaps};
 pub use owned::ChunkedRegion;
+pub use view::PeerView;
 use volatile::{volatile_read, volatile_write};
 
 bitflags::bitflags! {
@@ -299,14 +301,7 @@ impl<B: RegisterBuffer> MemoryRegion<B> {
     fn check_range(&self, verb: &'static str, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::invalid(
-                verb,
-                format!(
-                    "bytes {offset}..{} are outside the {}-byte region",
-                    offset.saturating_add(len),
-                    self.len()
-                ),
-            )),
+            _ => Err(view::outside(verb, offset, len, self.len())),
         }
     }
 
@@ -362,6 +357,24 @@ impl<B: RegisterBuffer> MemoryRegion<B> {
         // SAFETY: in bounds, no overlap, no racing Rust write (above).
         unsafe { volatile_read(self.core.memory().ptr.as_ptr().add(offset), out) };
         Ok(())
+    }
+
+    /// The `len` bytes at `offset`, to read in place: a [`PeerView`], whose
+    /// loads are atomic, so the device or a peer may write the bytes
+    /// meanwhile. No copy is made; [`read`](Self::read) copies instead.
+    ///
+    /// Refused with [`Error::InvalidArgument`] if the bytes are not all in
+    /// the region.
+    pub fn view(&self, offset: usize, len: usize) -> Result<PeerView<'_>> {
+        self.check_range("MemoryRegion::view", offset, len)?;
+        // SAFETY: `offset..offset + len` is inside the registered bytes
+        // (checked above), valid for reads while `self` is borrowed
+        // (`RegisterBuffer`'s contract, kept while the region owns the
+        // buffer). The crate never makes a non-atomic Rust reference to a
+        // region's bytes while it is registered, and its only Rust stores
+        // into them (`write`) need `&mut self`, which the view's borrow
+        // excludes; the device's writes are outside the program.
+        Ok(unsafe { PeerView::new(self.core.memory().ptr.as_ptr().add(offset), len) })
     }
 
     /// The whole region copied into a `Vec`.

@@ -99,47 +99,71 @@ impl RemoteBuf {
         out
     }
 
-    /// Parses a wire record: the 42 characters of the text form, with or
-    /// without the trailing NUL, and nothing else (bytes after the NUL, a
-    /// short or long record, a sign, upper-case or non-hex digits, and a
-    /// buffer whose end wraps around the address space are refused with
-    /// [`Error::InvalidArgument`]).
+    /// Parses a wire record: the 42 characters of the text form, then
+    /// nothing, a NUL, or a NUL and zero bytes. The last is the connection
+    /// manager's padding: the private data of a CM message arrives padded
+    /// with zeros to its fixed length ([`CmEvent::private_data`]), and a
+    /// record sent in it parses as it arrives.
+    ///
+    /// Refused with [`Error::InvalidArgument`] naming
+    /// `RemoteBuf::from_wire`: fewer than 42 bytes, a non-zero byte after
+    /// the text, a sign, upper-case or non-hex digits, and a buffer whose
+    /// end wraps around the address space.
+    ///
+    /// [`CmEvent::private_data`]: https://docs.rs/rdma-verbs/latest/rdma_verbs/cm/struct.CmEvent.html#method.private_data
     pub fn from_wire(bytes: &[u8]) -> Result<Self> {
-        let text = match bytes {
-            [text @ .., 0] if text.len() == Self::WIRE_LEN - 1 => text,
-            text if text.len() == Self::WIRE_LEN - 1 => text,
-            _ => {
-                return Err(bad_buf(&format!(
-                    "{} bytes, not {} (or {} with the NUL)",
-                    bytes.len(),
-                    Self::WIRE_LEN - 1,
-                    Self::WIRE_LEN
-                )))
-            }
-        };
-        std::str::from_utf8(text)
-            .map_err(|_| bad_buf("not ASCII"))?
-            .parse()
+        const VERB: &str = "RemoteBuf::from_wire";
+        const TEXT: usize = RemoteBuf::WIRE_LEN - 1;
+        if bytes.len() < TEXT {
+            let why = format!("{} bytes, fewer than the {TEXT} of a record", bytes.len());
+            return Err(bad_buf(VERB, &why));
+        }
+        let (text, rest) = bytes.split_at(TEXT);
+        if let Some(i) = rest.iter().position(|&b| b != 0) {
+            let why = format!(
+                "byte {} after the record is {:#04x}, not a NUL or zero padding",
+                TEXT + i,
+                rest[i]
+            );
+            return Err(bad_buf(VERB, &why));
+        }
+        let text = std::str::from_utf8(text).map_err(|_| bad_buf(VERB, "not ASCII"))?;
+        parse(VERB, text)
     }
 }
 
-fn bad_buf(why: &str) -> Error {
-    Error::invalid(
-        "RemoteBuf::from_str",
-        format!("not an ADDR:RKEY:LEN record: {why}"),
-    )
+/// Parses the text form; refusals name `verb`, the call the caller made.
+fn parse(verb: &'static str, s: &str) -> Result<RemoteBuf> {
+    let mut parts = s.split(':');
+    let addr = hex_field(verb, parts.next(), "ADDR", 16)?;
+    let rkey = hex_field(verb, parts.next(), "RKEY", 8)? as u32;
+    let len = hex_field(verb, parts.next(), "LEN", 16)?;
+    if parts.next().is_some() {
+        return Err(bad_buf(verb, "more than three fields"));
+    }
+    if addr.checked_add(len).is_none() {
+        return Err(bad_buf(
+            verb,
+            "the buffer runs past the end of the address space",
+        ));
+    }
+    Ok(RemoteBuf { addr, rkey, len })
+}
+
+#[cold]
+fn bad_buf(verb: &'static str, why: &str) -> Error {
+    Error::invalid(verb, format!("not an ADDR:RKEY:LEN record: {why}"))
 }
 
 /// Parses exactly `digits` lower-case hex digits.
-fn hex_field(part: Option<&str>, name: &str, digits: usize) -> Result<u64> {
-    let p = part.ok_or_else(|| bad_buf(&format!("no {name}")))?;
+fn hex_field(verb: &'static str, part: Option<&str>, name: &str, digits: usize) -> Result<u64> {
+    let p = part.ok_or_else(|| bad_buf(verb, &format!("no {name}")))?;
     let hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
     if p.len() != digits || !p.as_bytes().iter().all(hex) {
-        return Err(bad_buf(&format!(
-            "{name} is not {digits} lower-case hex digits"
-        )));
+        let why = format!("{name} is not {digits} lower-case hex digits");
+        return Err(bad_buf(verb, &why));
     }
-    u64::from_str_radix(p, 16).map_err(|_| bad_buf(name))
+    u64::from_str_radix(p, 16).map_err(|_| bad_buf(verb, name))
 }
 
 impl fmt::Display for RemoteBuf {
@@ -151,17 +175,7 @@ impl fmt::Display for RemoteBuf {
 impl FromStr for RemoteBuf {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let mut parts = s.split(':');
-        let addr = hex_field(parts.next(), "ADDR", 16)?;
-        let rkey = hex_field(parts.next(), "RKEY", 8)? as u32;
-        let len = hex_field(parts.next(), "LEN", 16)?;
-        if parts.next().is_some() {
-            return Err(bad_buf("more than three fields"));
-        }
-        if addr.checked_add(len).is_none() {
-            return Err(bad_buf("the buffer runs past the end of the address space"));
-        }
-        Ok(RemoteBuf { addr, rkey, len })
+        parse("RemoteBuf::from_str", s)
     }
 }
 
@@ -250,9 +264,43 @@ mod tests {
         w.push(0);
         assert!(RemoteBuf::from_wire(&w).is_ok());
         w.push(b'x');
-        assert!(RemoteBuf::from_wire(&w).is_err(), "a byte after the NUL");
+        let e = RemoteBuf::from_wire(&w).unwrap_err().to_string();
+        assert!(e.contains("byte 43 after the record is 0x78"), "{e}");
         assert!(RemoteBuf::from_wire(&w[..41]).is_err(), "short");
         assert!(RemoteBuf::from_wire(&[0xff; 43]).is_err(), "not UTF-8");
+    }
+
+    /// A record in CM private data arrives padded with zeros to the
+    /// message's fixed length (56 bytes of a REQ over InfiniBand, 196 of a
+    /// REP): it parses as it arrives, and what goes wrong names from_wire.
+    #[test]
+    fn private_data_padding_is_accepted_and_errors_name_from_wire() {
+        let b = RemoteBuf {
+            addr: 0x7f00_1000,
+            rkey: 0x1234,
+            len: 4096,
+        };
+        for padded in [56, 196] {
+            let mut data = vec![0u8; padded];
+            data[..RemoteBuf::WIRE_LEN].copy_from_slice(&b.to_wire());
+            assert_eq!(RemoteBuf::from_wire(&data).unwrap(), b);
+            data[padded - 1] = 1;
+            let e = RemoteBuf::from_wire(&data).unwrap_err().to_string();
+            assert!(e.contains("RemoteBuf::from_wire"), "{e}");
+            assert!(
+                e.contains(&format!("byte {} after the record is 0x01", padded - 1)),
+                "{e}"
+            );
+        }
+        let e = RemoteBuf::from_wire(b"0000000000001000:00001234:000000000000010G")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("RemoteBuf::from_wire") && e.contains("LEN"),
+            "{e}"
+        );
+        let e = "x".parse::<RemoteBuf>().unwrap_err().to_string();
+        assert!(e.contains("RemoteBuf::from_str"), "{e}");
     }
 
     #[test]

@@ -82,11 +82,13 @@ impl UserKind {
 ///
 /// Its `Display` is the list [`Error::InUse`](crate::Error::InUse) prints:
 /// `2 queue pairs, 1 memory region, 1 other handle (a clone)`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InUseBy {
     kinds: Vec<(UserKind, usize)>,
     others: usize,
     itemized: bool,
+    /// The users of a memory region, which are named as such.
+    region: bool,
 }
 
 impl InUseBy {
@@ -96,6 +98,17 @@ impl InUseBy {
             kinds: Vec::new(),
             others: users,
             itemized: false,
+            region: false,
+        }
+    }
+
+    /// A memory region's users, which it does not count by kind: the
+    /// chunks and shared chunks cut from it (out, or in posted requests),
+    /// the memory windows bound to it, and its other handles.
+    pub(crate) fn region_users(users: usize) -> Self {
+        InUseBy {
+            region: true,
+            ..InUseBy::uncounted(users)
         }
     }
 
@@ -141,6 +154,12 @@ impl fmt::Display for InUseBy {
             (true, 0) => Ok(()),
             (true, 1) => item(f, 1, "other handle (a clone)"),
             (true, n) => item(f, n, "other handles (clones)"),
+            (false, 1) if self.region => {
+                item(f, 1, "chunk, bound window or other handle naming it")
+            }
+            (false, n) if self.region => {
+                item(f, n, "chunks, bound windows or other handles naming it")
+            }
             (false, 1) => item(f, 1, "other handle or object"),
             (false, n) => item(f, n, "other handles or objects"),
         }
@@ -176,6 +195,7 @@ impl UserCounts {
             kinds,
             others,
             itemized: true,
+            ..InUseBy::uncounted(0)
         }
     }
 }

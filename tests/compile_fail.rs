@@ -2,7 +2,7 @@
 //! missing required attribute, an attribute the transition does not take,
 //! and a builder of another transport; the data path refuses using,
 //! freeing or holding a slice of a buffer once it is posted, a slice of
-//! memory peers may write, using a chunk that went into an `ibv_wr_*`
+//! memory peers may write (and writing it while a view reads it), using a chunk that went into an `ibv_wr_*`
 //! batch, and posting beside an open batch; an extended CQ refuses reading
 //! a field it was not created with and keeping a completion past its
 //! batch. Each case is a file in `tests/compile_fail/` with the compiler's

@@ -383,6 +383,12 @@ impl CmId {
     /// Starts resolving the route to the resolved address: a
     /// [`RouteResolved`](super::CmEventKind::RouteResolved) or
     /// [`RouteError`](super::CmEventKind::RouteError) event.
+    ///
+    /// The route must start at an address of an RDMA device's network
+    /// interface. An address no RDMA device has (127.0.0.1 resolves, as
+    /// the loopback device, but has no route) fails with
+    /// [`Error::NoRdmaAddress`](crate::Error::NoRdmaAddress), which names
+    /// the address and lists this machine's RDMA addresses.
     #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let ms = timeout_ms(timeout)?;
@@ -390,9 +396,15 @@ impl CmId {
             return Err(not_on_a_device("rdma_resolve_route"));
         }
         // SAFETY: the id is live and has a device (librdmacm reads `verbs`).
-        self.call("rdma_resolve_route", After::Unchanged, |id| unsafe {
+        let r = self.call("rdma_resolve_route", After::Unchanged, |id| unsafe {
             sys::rdma_resolve_route(id, ms)
-        })
+        });
+        match r {
+            Err(Error::Verb { errno, .. }) if errno == libc::ENODEV => Err(
+                super::route_hint::no_rdma_device_has(self.local_addr(), errno),
+            ),
+            r => r,
+        }
     }
 
     /// Sets one `RDMA_OPTION_ID` option (`rdma_set_option`).

@@ -89,6 +89,7 @@ mod event;
 mod id;
 mod link;
 mod param;
+mod route_hint;
 
 pub use addr::PortSpace;
 pub use channel::EventChannel;

@@ -11,8 +11,8 @@ use super::{
     check_access, check_device_access, AccessFlags, Chunk, Memory, MemoryRegion, MrKeep,
     RegionCore, RegisterBuffer,
 };
-use crate::error::{check_ptr, Error, Refused, Result};
-use crate::handle::{in_use, Owned};
+use crate::error::{check_ptr, Error, InUseOp, Refused, Result};
+use crate::handle::{region_in_use, Owned};
 use crate::pd::ProtectionDomain;
 use crate::sys;
 use crate::users::{Tally, UserKind};
@@ -202,7 +202,7 @@ unsafe fn take_buffer<B: 'static>(core: RegionCore) -> std::result::Result<B, (R
     let owned = match Arc::try_unwrap(inner) {
         Ok(owned) => owned,
         Err(inner) => {
-            let e = in_use("memory region", &inner, None);
+            let e = region_in_use(InUseOp::HandBack, &inner);
             return Err((RegionCore { inner, access }, e));
         }
     };
@@ -354,7 +354,7 @@ impl<B> ChunkedRegion<B> {
     /// The whole region back, if no chunk is left; otherwise `self` again.
     pub fn rejoin(mut self) -> Result<MemoryRegion<B>, Refused<Self>> {
         if Arc::get_mut(&mut self.core.inner).is_none() {
-            let e = in_use("memory region", &self.core.inner, None);
+            let e = region_in_use(InUseOp::Rejoin, &self.core.inner);
             return Err(Refused::new(e, self));
         }
         Ok(MemoryRegion::from_core(self.core))

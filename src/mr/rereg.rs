@@ -10,8 +10,8 @@ use super::owned::check_registration;
 use super::{
     check_access, check_device_access, AccessFlags, Memory, MemoryRegion, MrInner, RegisterBuffer,
 };
-use crate::error::{last_errno, Error, Refused, Result};
-use crate::handle::in_use;
+use crate::error::{last_errno, Error, InUseOp, Refused, Result};
+use crate::handle::region_in_use;
 use crate::pd::ProtectionDomain;
 use crate::sys;
 use crate::users::{Tally, UserKind};
@@ -136,7 +136,7 @@ impl<B> MemoryRegion<B> {
     /// The region's owner, if this handle is the only thing that names it.
     fn only_handle(&mut self) -> Result<&mut MrInner> {
         if Arc::get_mut(&mut self.core.inner).is_none() {
-            return Err(in_use("memory region", &self.core.inner, None));
+            return Err(region_in_use(InUseOp::Rereg, &self.core.inner));
         }
         Arc::get_mut(&mut self.core.inner)
             .ok_or_else(|| Error::invalid(VERB, "the region is in use"))

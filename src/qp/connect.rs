@@ -56,12 +56,21 @@ impl Endpoint {
         out
     }
 
-    /// Parses a wire record (text, with or without the trailing NUL).
+    /// Parses a wire record: the text up to the first NUL, or all of
+    /// `bytes` (the C examples' records, and CM private data with its zero
+    /// padding, parse as they arrive). Refusals name `Endpoint::from_wire`.
     pub fn from_wire(bytes: &[u8]) -> Result<Self> {
         let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-        std::str::from_utf8(&bytes[..end])
-            .map_err(|_| bad_record("not ASCII"))?
-            .parse()
+        let parsed = std::str::from_utf8(&bytes[..end])
+            .map_err(|_| bad_record("not ASCII"))
+            .and_then(str::parse);
+        parsed.map_err(|e| match e {
+            Error::InvalidArgument { reason, .. } => Error::InvalidArgument {
+                verb: "Endpoint::from_wire",
+                reason,
+            },
+            e => e,
+        })
     }
 }
 

@@ -89,6 +89,34 @@ impl fmt::Display for QpNum {
     }
 }
 
+/// `{:x}`, `{:06x}`, `{:#x}`: the number, formatted as a `u32` would be.
+///
+/// ```
+/// use rdma_verbs::qp::QpNum;
+/// let q = QpNum::new(0xb1)?;
+/// assert_eq!(format!("{q:x} {q:06x} {q:#X}"), "b1 0000b1 0xB1");
+/// assert_eq!(u32::from(q), 0xb1);
+/// # Ok::<(), rdma_verbs::Error>(())
+/// ```
+impl fmt::LowerHex for QpNum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+/// `{:X}`: as [`LowerHex`](fmt::LowerHex), upper-case.
+impl fmt::UpperHex for QpNum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::UpperHex::fmt(&self.0, f)
+    }
+}
+
+impl From<QpNum> for u32 {
+    fn from(q: QpNum) -> u32 {
+        q.0
+    }
+}
+
 /// A Q_Key (`qkey`, UD). Every 32-bit value is valid; keys with the top bit
 /// set are *controlled* and only privileged processes may send with them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

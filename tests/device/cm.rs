@@ -342,6 +342,13 @@ fn no_listener(env: &Env) -> Result<(), Failed> {
         *got == "RDMA_CM_EVENT_REJECTED" || *got == "RDMA_CM_EVENT_UNREACHABLE",
         "{err}"
     );
+    if *got == "RDMA_CM_EVENT_REJECTED" {
+        // The reason is named, and what it means said (reject reason 8).
+        ensure!(
+            err.to_string().contains("nobody is listening on that port"),
+            "{err}"
+        );
+    }
     eprintln!("cm: connect to {addr} without listener: {err} (status {status})");
     state_is(&c.qp, QpState::Err, "client QP after the failed connect")?;
     Ok(())
@@ -576,6 +583,11 @@ fn ud_unreachable(env: &Env) -> Result<(), Failed> {
         Error::CmEvent { got, status, .. } => {
             ensure!(*got == "RDMA_CM_EVENT_UNREACHABLE", "{err}");
             ensure!(*status != 0, "status 0 in {err}");
+            let m = err.to_string();
+            ensure!(
+                m.contains("IB_SIDR_UNSUPPORTED: nobody is listening"),
+                "{m}"
+            );
         }
         other => return Err(format!("expected UNREACHABLE, got {other}").into()),
     }

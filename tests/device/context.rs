@@ -243,7 +243,9 @@ fn close_reports_in_use(env: &Env) -> Result<(), Failed> {
     let ctx = Context::open(env.ctx.name())?;
     let pd = ctx.alloc_pd()?;
     match ctx.clone().close() {
-        Err(Error::InUse { object, users, by }) => {
+        Err(Error::InUse {
+            object, users, by, ..
+        }) => {
             ensure!(object == "device context", "object {object}");
             ensure!(users >= 2, "users {users}");
             ensure!(

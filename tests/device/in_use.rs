@@ -26,7 +26,9 @@ fn refusal(
     r: rdma_verbs::Result<()>,
 ) -> Result<(&'static str, usize, InUseBy), Failed> {
     match r {
-        Err(Error::InUse { object, users, by }) => {
+        Err(Error::InUse {
+            object, users, by, ..
+        }) => {
             // The total is the breakdown's sum.
             let sum: usize = by.kinds().iter().map(|(_, n)| n).sum::<usize>() + by.others();
             ensure!(by.is_itemized(), "{what}: not itemized: {by}");

@@ -10,6 +10,8 @@ mod bring_up;
 mod by_value;
 #[cfg(feature = "cm")]
 mod cm;
+#[cfg(feature = "cm")]
+mod cm_user;
 mod context;
 mod cq_ex;
 mod data;
@@ -21,6 +23,7 @@ mod mw;
 mod objects;
 mod odp;
 mod owned;
+mod peer_view;
 mod port_cache;
 mod qp;
 mod recv_buffers;
@@ -41,6 +44,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(qp::TESTS);
     tests.extend_from_slice(bring_up::TESTS);
     tests.extend_from_slice(remote::TESTS);
+    tests.extend_from_slice(peer_view::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(by_value::TESTS);
@@ -57,6 +61,8 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(wait::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(cm_user::TESTS);
     common::run_needing("device", &tests, NEEDS)
 }
 

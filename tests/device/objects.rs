@@ -112,6 +112,7 @@ fn mr_outlives_its_pd_handle(env: &Env) -> Result<(), Failed> {
             object: "protection domain",
             users,
             by,
+            ..
         }) => {
             ensure!(users == 2, "users {users}");
             ensure!(

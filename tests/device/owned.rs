@@ -314,10 +314,31 @@ fn not_back_while_named(env: &Env) -> Result<(), Failed> {
         "chunks_out {}",
         region.chunks_out()
     );
-    // Refused with the region back, twice (the same call again), and rejoin too.
-    let region = expect_in_use(region.into_inner(), "into_inner with a receive posted")?;
-    let region = expect_in_use(region.into_inner(), "into_inner again")?;
-    let region = expect_in_use(region.rejoin(), "rejoin with a receive posted")?;
+    // Refused with the region back, twice (the same call again), and rejoin
+    // too; the message counts the chunk and says the region came back.
+    let refused = match region.into_inner() {
+        Err(r) => r,
+        Ok(_) => return Err("into_inner with a receive posted: accepted".into()),
+    };
+    let m = refused.error().to_string();
+    ensure!(
+        m.starts_with("cannot hand back the buffer of the memory region now")
+            && m.contains("used by 1 chunk, bound window or other handle naming it")
+            && m.contains("comes back with this error")
+            && !m.contains("destroyed"),
+        "{m}"
+    );
+    let region = expect_in_use(refused.into_value().into_inner(), "into_inner again")?;
+    let refused = match region.rejoin() {
+        Err(r) => r,
+        Ok(_) => return Err("rejoin with a receive posted: accepted".into()),
+    };
+    let m = refused.error().to_string();
+    ensure!(
+        m.starts_with("cannot rejoin the memory region now") && m.contains("comes back"),
+        "{m}"
+    );
+    let region = refused.into_value();
     // The receive is still live: a send lands in it.
     let send =
         p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
