@@ -4,7 +4,8 @@
 //! own thread; after a warm-up (in which chains of 16 give the QP its
 //! scratch for requests past the eighth), a
 //! thousand ping-pong rounds of post_recv + post_send + poll + reclaim, and
-//! a thousand chains of four sends, must make none. The same holds for an
+//! a thousand chains of four sends, must make none (a hundred of each under
+//! valgrind: `common::under_valgrind`). The same holds for an
 //! extended QP's batch (start_batch, post, complete) in place of post_send;
 //! an aborted batch makes exactly one: the `Vec` that `abort` returns.
 //! Send templates (`post_template_one`, `post_template`) make none either,
@@ -104,6 +105,17 @@ fn main() -> std::process::ExitCode {
             common::Need::ExtendedQp,
         )],
     )
+}
+
+/// Measured rounds per loop: 1000, or 100 under valgrind, where memcheck
+/// checks each access however often it runs. Read before any measuring
+/// starts (reading the environment allocates).
+fn rounds() -> usize {
+    if common::under_valgrind() {
+        100
+    } else {
+        1000
+    }
 }
 
 /// The heap allocations of `ones` calls of `round(1)` and of `fours`
@@ -240,28 +252,29 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
         "{first} allocations in a fresh QP's first posts (chains of 1 and 4)"
     );
 
+    let n = rounds();
     for _ in 0..20 {
         round(1)?;
         round(4)?;
         round(16)?;
     }
     let before = allocations();
-    for _ in 0..1000 {
+    for _ in 0..n {
         round(1)?;
     }
     let single = allocations() - before;
     let before = allocations();
-    for _ in 0..1000 {
+    for _ in 0..n {
         round(4)?;
     }
     let chained = allocations() - before;
     let before = allocations();
-    for _ in 0..1000 {
+    for _ in 0..n {
         round(16)?;
     }
     let full = allocations() - before;
     eprintln!(
-        "alloc: {single} heap allocations in 1000 single rounds, {chained} in 1000 chains of 4, {full} in 1000 chains of 16 = the queue depth (post_recv, post_send, poll, reclaim)"
+        "alloc: {single} heap allocations in {n} single rounds, {chained} in {n} chains of 4, {full} in {n} chains of 16 = the queue depth (post_recv, post_send, poll, reclaim)"
     );
     ensure!(
         single == 0,
@@ -447,17 +460,18 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
         deadline: common::deadline(),
     };
 
+    let rounds = rounds();
     for _ in 0..20 {
         rig.round(1)?;
         rig.round(4)?;
     }
     let before = allocations();
-    for _ in 0..1000 {
+    for _ in 0..rounds {
         rig.round(1)?;
     }
     let single = allocations() - before;
     let before = allocations();
-    for _ in 0..1000 {
+    for _ in 0..rounds {
         rig.round(4)?;
     }
     let four = allocations() - before;
@@ -466,7 +480,7 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
     // back at once, in order, unsignalled, and nothing reached the device.
     let mut aborted = 0;
     let mut empty = 0;
-    for k in 0..1000 {
+    for k in 0..rounds {
         let before = allocations();
         let mut batch = rig.a.start_batch()?;
         for i in 0..4u64 {
@@ -505,9 +519,9 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
     rig.round(4)?;
 
     eprintln!(
-        "alloc: {single} heap allocations in 1000 single-send batches, {four} in 1000 batches of 4 \
-         (post_recv, start_batch, post, complete, poll, reclaim); {aborted} in 1000 aborted batches \
-         of 4, {empty} in 1000 aborted empty batches"
+        "alloc: {single} heap allocations in {rounds} single-send batches, {four} in {rounds} batches of 4 \
+         (post_recv, start_batch, post, complete, poll, reclaim); {aborted} in {rounds} aborted batches \
+         of 4, {empty} in {rounds} aborted empty batches"
     );
     ensure!(
         single == 0,
@@ -518,12 +532,12 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
         "{four} allocations in steady-state batches of four"
     );
     ensure!(
-        aborted == 1000,
-        "{aborted} allocations in 1000 aborted batches of four (expected 1000: one Vec each)"
+        aborted == rounds as u64,
+        "{aborted} allocations in {rounds} aborted batches of four (expected {rounds}: one Vec each)"
     );
     ensure!(
         empty == 0,
-        "{empty} allocations in 1000 aborted empty batches"
+        "{empty} allocations in {rounds} aborted empty batches"
     );
     Ok(())
 }
@@ -573,8 +587,9 @@ fn steady_state_templates(env: &Env) -> Result<(), Failed> {
             }
         }
     };
-    let (one, four) = allocations_in_rounds(round, 1000, 1000)?;
-    eprintln!("alloc: {one} heap allocations in 1000 post_template_one rounds, {four} in 1000 post_template calls of 4 (poll, reclaim_chunks)");
+    let n = rounds();
+    let (one, four) = allocations_in_rounds(round, n, n)?;
+    eprintln!("alloc: {one} heap allocations in {n} post_template_one rounds, {four} in {n} post_template calls of 4 (poll, reclaim_chunks)");
     ensure!(one == 0, "{one} allocations in post_template_one rounds");
     ensure!(four == 0, "{four} allocations in post_template rounds");
     ensure!(back.is_empty(), "template writes handed back chunks");
@@ -622,8 +637,9 @@ fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
         }
         Ok(())
     };
-    let (one, four) = allocations_in_rounds(round, 1000, 500)?;
-    eprintln!("alloc: {one} heap allocations in 1000 rounds of one pool receive, {four} in 500 rounds of four (post, poll, take)");
+    let n = rounds();
+    let (one, four) = allocations_in_rounds(round, n, n / 2)?;
+    eprintln!("alloc: {one} heap allocations in {n} rounds of one pool receive, {} in {} rounds of four (post, poll, take)", four, n / 2);
     ensure!(one == 0, "{one} allocations in rounds of one");
     ensure!(four == 0, "{four} allocations in rounds of four");
     Ok(())
@@ -660,16 +676,17 @@ fn steady_state_recv_one(env: &Env) -> Result<(), Failed> {
         }
         Ok(())
     };
+    let rounds = rounds();
     for _ in 0..20 {
         round()?;
     }
     let before = allocations();
-    for _ in 0..1000 {
+    for _ in 0..rounds {
         round()?;
     }
     let n = allocations() - before;
     eprintln!(
-        "alloc: {n} heap allocations in 1000 rounds of post_recv_one, a send, poll, reclaim_chunks"
+        "alloc: {n} heap allocations in {rounds} rounds of post_recv_one, a send, poll, reclaim_chunks"
     );
     ensure!(n == 0, "{n} allocations");
     Ok(())
