@@ -367,13 +367,14 @@ impl<B: RegisterBuffer> MemoryRegion<B> {
     /// the region.
     pub fn view(&self, offset: usize, len: usize) -> Result<PeerView<'_>> {
         self.check_range("MemoryRegion::view", offset, len)?;
-        // SAFETY: `offset..offset + len` is inside the registered bytes
-        // (checked above), valid for reads while `self` is borrowed
-        // (`RegisterBuffer`'s contract, kept while the region owns the
-        // buffer). The crate never makes a non-atomic Rust reference to a
-        // region's bytes while it is registered, and its only Rust stores
-        // into them (`write`) need `&mut self`, which the view's borrow
-        // excludes; the device's writes are outside the program.
+        // `offset..offset + len` is inside the registered bytes (checked
+        // above), valid for reads while `self` is borrowed (`RegisterBuffer`'s
+        // contract, kept while the region owns the buffer). The crate never
+        // makes a non-atomic Rust reference to a region's bytes while it is
+        // registered, and its only Rust stores into them (`write`) need
+        // `&mut self`, which the view's borrow excludes; the device's writes
+        // are outside the program.
+        // SAFETY: in bounds, valid for the borrow, no non-atomic Rust access (above).
         Ok(unsafe { PeerView::new(self.core.memory().ptr.as_ptr().add(offset), len) })
     }
 

@@ -82,7 +82,7 @@ impl UserKind {
 ///
 /// Its `Display` is the list [`Error::InUse`](crate::Error::InUse) prints:
 /// `2 queue pairs, 1 memory region, 1 other handle (a clone)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InUseBy {
     kinds: Vec<(UserKind, usize)>,
     others: usize,

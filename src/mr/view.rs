@@ -4,7 +4,7 @@
 //! undefined behaviour.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8};
 
 use crate::error::{Error, Result};
 
@@ -61,10 +61,10 @@ impl<'a> PeerView<'a> {
     /// it during `'a` are atomic or do not happen (the device's writes are
     /// outside the program).
     pub(super) unsafe fn new(ptr: *const u8, len: usize) -> Self {
-        // SAFETY: `AtomicU8` has the size and alignment of `u8`, so any
-        // byte range is a valid `[AtomicU8]`; its interior mutability makes
-        // a shared reference to bytes that change meanwhile allowed, and
-        // the caller promises validity and no non-atomic Rust access.
+        // `AtomicU8` has the size and alignment of `u8`, so any byte range
+        // is a valid `[AtomicU8]`; its interior mutability makes a shared
+        // reference to bytes that change meanwhile allowed.
+        // SAFETY: as above; validity and no non-atomic Rust access: the caller.
         let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU8>(), len) };
         PeerView { bytes }
     }
@@ -102,14 +102,15 @@ impl<'a> PeerView<'a> {
         if ptr.align_offset(8) != 0 || len % 8 != 0 {
             return Err(misaligned(ptr as usize, len));
         }
-        // SAFETY: `ptr` is 8-byte aligned and `len` a multiple of 8 (just
-        // checked), so the bytes are exactly `len / 8` `AtomicU64`s, which
-        // have the size and alignment of `u64`; validity and the absence
-        // of non-atomic Rust access carry over from `self` (see `new`).
+        // `ptr` is 8-byte aligned and `len` a multiple of 8 (just checked),
+        // so the bytes are exactly `len / 8` `AtomicU64`s, which have the
+        // size and alignment of `u64`; validity and the absence of
+        // non-atomic Rust access carry over from `self` (see `new`).
         // `bytes` and `words` of one view may then race with each other,
         // but only as loads (no store is ever made through a view), and
         // mixed-size atomic loads may race (`std::sync::atomic`, "Memory
         // model for atomic accesses").
+        // SAFETY: aligned, whole words, and only loads (above).
         Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), len / 8) })
     }
 
@@ -125,8 +126,9 @@ impl<'a> PeerView<'a> {
         }
     }
 
-    /// Copies the view into `out`, which must be as long, loading each
-    /// byte once. A shorter or longer `out` is refused with
+    /// Copies the view into `out`, which must be as long, as
+    /// [`MemoryRegion::read`](super::MemoryRegion::read) copies (volatile
+    /// loads, aligned words). A shorter or longer `out` is refused with
     /// [`Error::InvalidArgument`].
     pub fn copy_to(&self, out: &mut [u8]) -> Result<()> {
         if out.len() != self.len() {
@@ -139,9 +141,10 @@ impl<'a> PeerView<'a> {
                 ),
             ));
         }
-        for (o, b) in out.iter_mut().zip(self.bytes) {
-            *o = b.load(Ordering::Relaxed);
-        }
+        // The view's bytes are valid for reads (see `new`) and cannot
+        // overlap `out`, a `&mut` the program holds.
+        // SAFETY: readable for `out.len()` bytes, no overlap (above).
+        unsafe { super::volatile_read(self.bytes.as_ptr().cast(), out) };
         Ok(())
     }
 }
@@ -180,6 +183,7 @@ pub(super) fn outside(verb: &'static str, offset: usize, len: usize, total: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
 
     /// Views over a plain buffer that nothing else touches.
     fn with_view<R>(f: impl FnOnce(PeerView<'_>) -> R) -> R {

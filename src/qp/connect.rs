@@ -60,25 +60,16 @@ impl Endpoint {
     /// `bytes` (the C examples' records, and CM private data with its zero
     /// padding, parse as they arrive). Refusals name `Endpoint::from_wire`.
     pub fn from_wire(bytes: &[u8]) -> Result<Self> {
+        const VERB: &str = "Endpoint::from_wire";
         let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-        let parsed = std::str::from_utf8(&bytes[..end])
-            .map_err(|_| bad_record("not ASCII"))
-            .and_then(str::parse);
-        parsed.map_err(|e| match e {
-            Error::InvalidArgument { reason, .. } => Error::InvalidArgument {
-                verb: "Endpoint::from_wire",
-                reason,
-            },
-            e => e,
-        })
+        let text = std::str::from_utf8(&bytes[..end]).map_err(|_| bad_record(VERB, "not ASCII"))?;
+        parse(VERB, text)
     }
 }
 
-fn bad_record(why: &str) -> Error {
-    Error::invalid(
-        "Endpoint::from_str",
-        format!("not a LID:QPN:PSN:GID record: {why}"),
-    )
+#[cold]
+fn bad_record(verb: &'static str, why: &str) -> Error {
+    Error::invalid(verb, format!("not a LID:QPN:PSN:GID record: {why}"))
 }
 
 impl fmt::Display for Endpoint {
@@ -100,39 +91,44 @@ impl fmt::Display for Endpoint {
 impl FromStr for Endpoint {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let mut parts = s.trim_end_matches('\0').split(':');
-        let mut field = |name, digits| {
-            let p = parts.next().ok_or_else(|| bad_record(name))?;
-            // Hex digits only: from_str_radix would take a leading '+'.
-            if p.len() != digits || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(bad_record(name));
-            }
-            u64::from_str_radix(p, 16).map_err(|_| bad_record(name))
-        };
-        let lid = field("LID", 4)? as u16;
-        let qpn = QpNum::new(field("QPN", 6)? as u32)?;
-        let psn = Psn::new(field("PSN", 6)? as u32)?;
-        let gid_text = parts.next().ok_or_else(|| bad_record("GID"))?;
-        // ASCII hex digits only, so that slicing by bytes below never cuts
-        // a multi-byte character.
-        if parts.next().is_some()
-            || gid_text.len() != 32
-            || !gid_text.bytes().all(|b| b.is_ascii_hexdigit())
-        {
-            return Err(bad_record("GID"));
-        }
-        let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&gid_text[2 * i..2 * i + 2], 16)
-                .map_err(|_| bad_record("GID"))?;
-        }
-        Ok(Endpoint {
-            lid,
-            qpn,
-            psn,
-            gid: Gid(gid),
-        })
+        parse("Endpoint::from_str", s)
     }
+}
+
+/// Parses the text form; refusals name `verb`, the call the caller made.
+fn parse(verb: &'static str, s: &str) -> Result<Endpoint> {
+    let mut parts = s.trim_end_matches('\0').split(':');
+    let mut field = |name, digits| {
+        let p = parts.next().ok_or_else(|| bad_record(verb, name))?;
+        // Hex digits only: from_str_radix would take a leading '+'.
+        if p.len() != digits || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad_record(verb, name));
+        }
+        u64::from_str_radix(p, 16).map_err(|_| bad_record(verb, name))
+    };
+    let lid = field("LID", 4)? as u16;
+    let qpn = QpNum::new(field("QPN", 6)? as u32)?;
+    let psn = Psn::new(field("PSN", 6)? as u32)?;
+    let gid_text = parts.next().ok_or_else(|| bad_record(verb, "GID"))?;
+    // ASCII hex digits only, so that slicing by bytes below never cuts
+    // a multi-byte character.
+    if parts.next().is_some()
+        || gid_text.len() != 32
+        || !gid_text.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Err(bad_record(verb, "GID"));
+    }
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&gid_text[2 * i..2 * i + 2], 16)
+            .map_err(|_| bad_record(verb, "GID"))?;
+    }
+    Ok(Endpoint {
+        lid,
+        qpn,
+        psn,
+        gid: Gid(gid),
+    })
 }
 
 /// Settings for [`QueuePair::connect`]; the defaults are those of
