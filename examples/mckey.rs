@@ -375,7 +375,7 @@ impl Mckey {
             ud.av.dest_lid(),
             ud.av.service_level()
         ));
-        node.remote_qpn = ud.qp_num;
+        node.remote_qpn = ud.qp_num.get();
         node.remote_qkey = ud.qkey;
         self.t.connects_left -= 1;
         match node.pd.as_ref().and_then(|pd| pd.create_ah(&ud.av).ok()) {

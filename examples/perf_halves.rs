@@ -32,9 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use rdma_verbs::qp::{
-    ConnectOptions, Endpoint, Psn, QpNum, RecvHalf, RecvWr, SendHalf, SendOp, SendWr,
-};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, RecvHalf, RecvWr, SendHalf, SendOp, SendWr};
 use rdma_verbs::{
     AccessFlags, Chunk, CompletionQueue, Context, Gid, QpCaps, QpInitAttr, QpType, QueuePair,
     WorkCompletion,
@@ -256,7 +254,7 @@ fn run(o: &Options) -> Res<()> {
     for i in 0..2 {
         let peer = Endpoint {
             lid: port.lid,
-            qpn: QpNum::new(qps[i ^ 1].qp_num())?,
+            qpn: qps[i ^ 1].qp_num(),
             psn,
             gid,
         };

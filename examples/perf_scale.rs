@@ -32,7 +32,7 @@ mod quiet_pipe;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn, QpNum};
+use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn};
 use rdma_verbs::{Context, Gid, QpCaps, QpInitAttr, QpType, QueuePair, Result};
 
 struct Options {
@@ -152,7 +152,7 @@ fn run(o: &Options) -> Result<()> {
     for i in 0..o.n {
         let peer = Endpoint {
             lid: port.lid,
-            qpn: QpNum::new(qps[i ^ 1].qp_num())?,
+            qpn: qps[i ^ 1].qp_num(),
             psn,
             gid,
         };

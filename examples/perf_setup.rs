@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use rdma_verbs::qp::{
-    AckTimeout, AddressVector, GlobalRoute, InitToRtr, MinRnrTimer, Psn, Qp, QpCaps, QpNum, Rc,
+    AckTimeout, AddressVector, GlobalRoute, InitToRtr, MinRnrTimer, Psn, Qp, QpCaps, Rc,
     ResetToInit, RetryCount, RnrRetry, RtrToRts,
 };
 use rdma_verbs::{AccessFlags, Context, Result};
@@ -114,7 +114,7 @@ fn run(o: &Options) -> Result<()> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64)?;
     let peer = Qp::<Rc>::new(&pd, &cq, &cq, QpCaps::default())?;
-    let peer_qpn = QpNum::new(peer.qp_num())?;
+    let peer_qpn = peer.qp_num();
 
     let mut av = AddressVector::new(o.port).dlid(port.lid);
     if let Some((i, g)) = gid {

@@ -266,7 +266,7 @@ fn run(cfg: Config) -> Res<()> {
         };
         my_dest[i] = Endpoint {
             lid: portinfo.lid,
-            qpn: QpNum::new(qp.qp_num()).or_fail("bad QP number")?,
+            qpn: qp.qp_num(),
             psn: rng.psn(),
             gid,
         };

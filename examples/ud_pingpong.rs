@@ -42,7 +42,7 @@ mod quiet_pipe;
 use std::process::ExitCode;
 
 use pingpong::{opt, Config, OrFail, Program, Res, SingleQp, UdDest, GRH_LEN, UD_QKEY};
-use rdma_verbs::qp::{Endpoint, QpAttr, QpNum};
+use rdma_verbs::qp::{Endpoint, QpAttr};
 use rdma_verbs::{Gid, QpState, QpType};
 
 const PROGRAM: Program = Program {
@@ -126,7 +126,7 @@ fn run(cfg: Config) -> Res<()> {
     };
     let my_dest = Endpoint {
         lid: portinfo.lid,
-        qpn: QpNum::new(pp.qp.qp_num()).or_fail("bad QP number")?,
+        qpn: pp.qp.qp_num(),
         psn: rng.psn(),
         gid,
     };

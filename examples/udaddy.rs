@@ -428,7 +428,7 @@ impl Udaddy {
     fn resolved_handler(&mut self, i: usize, ev: &CmEvent) -> i32 {
         let node = &mut self.nodes[i];
         let ah = ev.ud_info().and_then(|ud| {
-            node.remote_qpn = ud.qp_num;
+            node.remote_qpn = ud.qp_num.get();
             node.remote_qkey = ud.qkey;
             node.pd.as_ref()?.create_ah(&ud.av).ok()
         });

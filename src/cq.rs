@@ -540,9 +540,16 @@ impl WorkCompletion {
         unsafe { self.0.__bindgen_anon_1.invalidated_rkey }
     }
 
-    /// `qp_num`: the local QP this completion belongs to.
+    /// `qp_num`: the local QP this completion belongs to, as
+    /// [`QueuePair::qp_num`](crate::QueuePair::qp_num) gives it.
     #[inline]
-    pub fn qp_num(&self) -> u32 {
+    pub fn qp_num(&self) -> crate::qp::QpNum {
+        crate::qp::QpNum::truncate(self.0.qp_num)
+    }
+
+    /// The raw `qp_num` field (the ledger's routing check).
+    #[inline]
+    pub(crate) fn raw_qp_num(&self) -> u32 {
         self.0.qp_num
     }
 

@@ -4,6 +4,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use crate::context::Context;
 use crate::error::{check_rc, Result};
+use crate::qp::QpNum;
 use crate::sys;
 use crate::sys::ibv_event_type as t;
 
@@ -22,42 +23,42 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_QP_FATAL`: the QP went to ERR.
     QpFatal {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_QP_REQ_ERR`: invalid request on the QP.
     QpReqErr {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_QP_ACCESS_ERR`: access violation on the QP.
     QpAccessErr {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_COMM_EST`: first packet received in RTR.
     CommEst {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_SQ_DRAINED`: SQD draining finished.
     SqDrained {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_PATH_MIG`: migrated to the alternate path.
     PathMig {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_PATH_MIG_ERR`: path migration failed.
     PathMigErr {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_QP_LAST_WQE_REACHED`: an SRQ-attached QP in ERR has no more receives.
     QpLastWqeReached {
         /// The QP number.
-        qp_num: u32,
+        qp_num: QpNum,
     },
     /// `IBV_EVENT_SRQ_ERR`.
     SrqErr {
@@ -117,28 +118,28 @@ impl Context {
                     cq_handle: (*el.cq).handle,
                 },
                 t::IBV_EVENT_QP_FATAL => AsyncEvent::QpFatal {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_QP_REQ_ERR => AsyncEvent::QpReqErr {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_QP_ACCESS_ERR => AsyncEvent::QpAccessErr {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_COMM_EST => AsyncEvent::CommEst {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_SQ_DRAINED => AsyncEvent::SqDrained {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_PATH_MIG => AsyncEvent::PathMig {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_PATH_MIG_ERR => AsyncEvent::PathMigErr {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_QP_LAST_WQE_REACHED => AsyncEvent::QpLastWqeReached {
-                    qp_num: (*el.qp).qp_num,
+                    qp_num: QpNum::truncate((*el.qp).qp_num),
                 },
                 t::IBV_EVENT_SRQ_ERR => AsyncEvent::SrqErr {
                     srq_handle: (*el.srq).handle,

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use libtest_mimic::Failed;
 use rdma_verbs::qp::{
-    AckTimeout, AddressVector, ConnectOptions, GlobalRoute, InitToRtr, MinRnrTimer, Psn, Qp, QpNum,
-    Rc, RecvWr, ResetToInit, RetryCount, RnrRetry, RtrToRts, SendOp, SendOpsFlags, SendWr,
+    AckTimeout, AddressVector, ConnectOptions, GlobalRoute, InitToRtr, MinRnrTimer, Psn, Qp, Rc,
+    RecvWr, ResetToInit, RetryCount, RnrRetry, RtrToRts, SendOp, SendOpsFlags, SendWr,
 };
 use rdma_verbs::{
     AccessFlags, Chunk, CompletionQueue, ProtectionDomain, QpCaps, QpInitAttr, QpType, QueuePair,
@@ -319,7 +319,7 @@ fn modify_success_path(env: &Env) -> Result<(), Failed> {
         AckTimeout::new(14)?,
         RetryCount::new(7)?,
     );
-    let peer_qpn = QpNum::new(peer.qp_num())?;
+    let peer_qpn = peer.qp_num();
     let mut counted = Vec::with_capacity(8);
     for round in 0..8 {
         let mut qp = Qp::<Rc>::new(&pd, &cq, &cq, QpCaps::default())?;

@@ -755,7 +755,7 @@ pub fn run_connected(cfg: Config, qp_type: QpType, connect: ConnectFn) -> Res<()
     };
     let my_dest = Endpoint {
         lid: portinfo.lid,
-        qpn: QpNum::new(pp.qp.qp_num()).or_fail("bad QP number")?,
+        qpn: pp.qp.qp_num(),
         psn: rng.psn(),
         gid,
     };

@@ -561,7 +561,7 @@ impl Test {
                 let qkey = QKey(node.remote_qkey);
                 let len = usize::try_from(self.size).unwrap_or(usize::MAX);
                 qp.post_send((0..self.count).map(|i| {
-                    let wr = SendWr::new(i as u64, SendOp::SendWithImm(own))
+                    let wr = SendWr::new(i as u64, SendOp::SendWithImm(own.get()))
                         .ud(ah, qpn, qkey)
                         .sge_shared(buf, len);
                     if signaled {

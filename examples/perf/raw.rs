@@ -11,6 +11,7 @@
 
 use std::ptr;
 
+use rdma_verbs::qp::QpNum;
 use rdma_verbs::sys;
 use rdma_verbs::{AccessFlags, MemoryRegion, WorkCompletion};
 
@@ -58,7 +59,7 @@ pub struct RawPath {
     tx_posted: Vec<u64>,
     tx_done: Vec<u64>,
     wcs: [WorkCompletion; POLL_BATCH],
-    qpns: Vec<u32>,
+    qpns: Vec<QpNum>,
 }
 
 impl RawPath {

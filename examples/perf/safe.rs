@@ -12,7 +12,9 @@
 
 use std::marker::PhantomData;
 
-use rdma_verbs::qp::{RecvBuffers, RecvWr, RequestKind, SendOp, SendTemplate, SendWr, Taken};
+use rdma_verbs::qp::{
+    QpNum, RecvBuffers, RecvWr, RequestKind, SendOp, SendTemplate, SendWr, Taken,
+};
 use rdma_verbs::{AccessFlags, Chunk, QueuePair, SharedChunk, WorkCompletion};
 
 use crate::opts::Test;
@@ -105,7 +107,7 @@ pub struct SafePath<S: Submit = Basic> {
     recv_bufs: Vec<RecvBuffers>,
     rx_bufs: usize,
     wcs: [WorkCompletion; POLL_BATCH],
-    qpns: Vec<u32>,
+    qpns: Vec<QpNum>,
 }
 
 impl<S: Submit> SafePath<S> {

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use super::addr::PortSpace;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::qp::AddressVector;
+use crate::qp::{AddressVector, QpNum};
 use crate::sys;
 
 /// Which CM message private data rides in, for [`max_private_data`].
@@ -146,8 +146,8 @@ impl<'a> ConnParam<'a> {
     /// `qp_num`: the QP of the program's own that the connection is for
     /// (needed when the id has no QP made by
     /// [`CmId::create_qp`](super::CmId::create_qp)).
-    pub fn qp_num(mut self, qpn: u32) -> Self {
-        self.qp_num = Some(qpn);
+    pub fn qp_num(mut self, qpn: QpNum) -> Self {
+        self.qp_num = Some(qpn.get());
         self
     }
 
@@ -275,7 +275,7 @@ pub struct ConnInfo {
     /// `srq`: the peer's QP receives through an SRQ.
     pub srq: bool,
     /// `qp_num`: the peer's QP number.
-    pub qp_num: u32,
+    pub qp_num: QpNum,
 }
 
 impl ConnInfo {
@@ -287,7 +287,7 @@ impl ConnInfo {
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
             srq: p.srq != 0,
-            qp_num: p.qp_num,
+            qp_num: QpNum::truncate(p.qp_num),
         }
     }
 }
@@ -308,7 +308,7 @@ pub struct UdInfo {
     /// `ah_attr`: the address vector to make an address handle from.
     pub av: AddressVector,
     /// `qp_num`: the remote QP number (0xFFFFFF for a multicast group).
-    pub qp_num: u32,
+    pub qp_num: QpNum,
     /// `qkey`: the Q_Key to send with.
     pub qkey: u32,
 }
@@ -317,7 +317,7 @@ impl UdInfo {
     pub(crate) fn from_raw(p: &sys::rdma_ud_param) -> Self {
         UdInfo {
             av: AddressVector::from_raw(&p.ah_attr),
-            qp_num: p.qp_num,
+            qp_num: QpNum::truncate(p.qp_num),
             qkey: p.qkey,
         }
     }

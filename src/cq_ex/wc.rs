@@ -163,15 +163,16 @@ impl<F: FieldSet> PolledWc<'_, F> {
         Some(Completion::inv_word(self))
     }
 
-    /// The local QP number (`ibv_wc_read_qp_num`).
+    /// The local QP number (`ibv_wc_read_qp_num`), as
+    /// [`QueuePair::qp_num`](crate::QueuePair::qp_num) gives it.
     #[doc(alias = "ibv_wc_read_qp_num")]
     #[inline]
-    pub fn qp_num(&self) -> u32
+    pub fn qp_num(&self) -> crate::qp::QpNum
     where
         F: WithQpNum,
     {
         // SAFETY: as in `byte_len`, for qp_num.
-        unsafe { sys::ibv_wc_read_qp_num(self.raw()) }
+        crate::qp::QpNum::truncate(unsafe { sys::ibv_wc_read_qp_num(self.raw()) })
     }
 
     /// The sender's QP number (UD receives; `ibv_wc_read_src_qp`), its

@@ -332,8 +332,8 @@ impl<'q> SendHalf<'q> {
 
     /// The QP's number.
     #[inline]
-    pub fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
+    pub fn qp_num(&self) -> crate::qp::QpNum {
+        crate::qp::QpNum::truncate(self.qp.qp_num())
     }
 
     /// Routes `wc` to the send ledger if it is this QP's send completion.
@@ -498,8 +498,8 @@ impl<'q> RecvHalf<'q> {
 
     /// The QP's number.
     #[inline]
-    pub fn qp_num(&self) -> u32 {
-        self.qp.qp_num()
+    pub fn qp_num(&self) -> crate::qp::QpNum {
+        crate::qp::QpNum::truncate(self.qp.qp_num())
     }
 
     /// Routes `wc` to the receive ledger or the SRQ if it is a receive

@@ -253,7 +253,7 @@ impl QueuePair {
         let gid = self.local_gid(opts)?.map_or(Gid::ZERO, |(_, gid)| gid);
         Ok(Endpoint {
             lid: port.lid,
-            qpn: QpNum::new(self.qp_num())?,
+            qpn: self.qp_num(),
             psn,
             gid,
         })

@@ -523,11 +523,18 @@ impl QueuePair {
         self.as_ptr()
     }
 
-    /// The QP number, which peers address it by.
+    /// The QP number, which peers address it by (`qp_num` of
+    /// `struct ibv_qp`): the same type as a completion's
+    /// [`qp_num`](crate::WorkCompletion::qp_num) and
+    /// [`src_qp`](crate::WorkCompletion::src_qp), an [`Endpoint`]'s and the
+    /// CM's, so they compare without a cast; `{:x}` and `u32::from` give the
+    /// number.
+    ///
+    /// [`Endpoint`]: crate::qp::Endpoint
     #[inline]
-    pub fn qp_num(&self) -> u32 {
+    pub fn qp_num(&self) -> QpNum {
         // SAFETY: the QP is live; `qp_num` is set at creation and never changes.
-        unsafe { (*self.as_ptr()).qp_num }
+        QpNum::truncate(unsafe { (*self.as_ptr()).qp_num })
     }
 
     /// The transport type.

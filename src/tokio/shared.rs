@@ -15,7 +15,7 @@ use super::AsyncCq;
 use crate::context::Context;
 use crate::cq::{CompletionQueue, WorkCompletion};
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
+use crate::qp::{QpNum, QueuePair};
 
 /// Completions the driver polls per `ibv_poll_cq`.
 const DRIVE_BATCH: usize = 32;
@@ -72,7 +72,7 @@ pub struct SharedCq {
 /// ([`poll`](Self::poll) takes `&mut self`).
 pub struct QpCompletions {
     shared: Arc<Shared>,
-    qp_num: u32,
+    qp_num: QpNum,
     notify: Arc<Notify>,
 }
 
@@ -87,12 +87,12 @@ struct Shared {
 
 #[derive(Default)]
 struct Routes {
-    queues: HashMap<u32, Route>,
+    queues: HashMap<QpNum, Route>,
     /// Completions for QP numbers nobody registered.
     unrouted: u64,
     /// Completions a dropped `QpCompletions` had queued, by QP number, for
     /// the next registration of that number.
-    left: HashMap<u32, VecDeque<WorkCompletion>>,
+    left: HashMap<QpNum, VecDeque<WorkCompletion>>,
     /// The driver's failure (the verb and errno), reported to every waiter.
     failed: Option<(&'static str, i32)>,
 }
@@ -226,7 +226,7 @@ impl Drop for SharedCq {
 
 impl QpCompletions {
     /// The QP number whose completions this receives.
-    pub fn qp_num(&self) -> u32 {
+    pub fn qp_num(&self) -> QpNum {
         self.qp_num
     }
 
@@ -372,7 +372,7 @@ fn dispatch(shared: &Shared, wcs: &[WorkCompletion]) {
     let mut routes = shared.routes();
     let routes = &mut *routes;
     // The QPs that got completions, each once (at most one per completion).
-    let mut touched = [0u32; DRIVE_BATCH];
+    let mut touched = [QpNum::default(); DRIVE_BATCH];
     let mut ntouched = 0;
     for wc in wcs {
         match routes.queues.get_mut(&wc.qp_num()) {

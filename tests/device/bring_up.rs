@@ -3,7 +3,7 @@
 
 use libtest_mimic::Failed;
 use rdma_verbs::qp::{
-    AddressVector, GlobalRoute, ModifyError, Psn, QKey, Qp, QpNum, RecvWr, SendOp, SendWr, Ud,
+    AddressVector, GlobalRoute, ModifyError, Psn, QKey, Qp, RecvWr, SendOp, SendWr, Ud,
 };
 use rdma_verbs::{AccessFlags, Error, QpCaps, QpInitAttr, QpState, QpType, WorkCompletion};
 
@@ -150,7 +150,7 @@ fn datagram_names_its_sender(env: &Env) -> Result<(), Failed> {
     let ah = pd.create_ah(&av)?;
     let mut inbox = pd.alloc_chunks(1, 40 + 64, AccessFlags::LOCAL_WRITE)?;
     rx.post_recv([RecvWr::new(1).sge(inbox.pop().ok_or("no chunk")?)])?;
-    let rx_num = QpNum::new(rx.qp_num())?;
+    let rx_num = rx.qp_num();
     tx.post_send([SendWr::new(2, SendOp::Send)
         .inline(b"hello")
         .ud(&ah, rx_num, qkey)])?;
@@ -164,7 +164,7 @@ fn datagram_names_its_sender(env: &Env) -> Result<(), Failed> {
             ensure!(wc.is_success(), "{wc:?}");
             if wc.qp_num() == rx.qp_num() {
                 ensure!(
-                    wc.src_qp() == QpNum::new(tx.qp_num())?,
+                    wc.src_qp() == tx.qp_num(),
                     "src_qp {}, sender {:#x}",
                     wc.src_qp(),
                     tx.qp_num()

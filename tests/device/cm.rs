@@ -526,7 +526,7 @@ fn ud_connect(env: &Env) -> Result<(), Failed> {
             .ok_or("no chunk")?;
     out.as_mut_slice()[..8].copy_from_slice(b"datagram");
     c.qp.post_send([SendWr::new(3, SendOp::Send)
-        .ud(&ah, QpNum::new(ud.qp_num)?, QKey(ud.qkey))
+        .ud(&ah, ud.qp_num, QKey(ud.qkey))
         .sge_len(out, 8)])?;
     let wc = poll_n(&s.cq, 1)?.pop().ok_or("no receive")?;
     ensure!(wc.is_success() && wc.byte_len() == 48, "receive {wc:?}");
@@ -635,7 +635,7 @@ fn multicast(env: &Env) -> Result<(), Failed> {
         .ok_or("no chunk")?;
     out.as_mut_slice()[..5].copy_from_slice(b"group");
     side.qp.post_send([SendWr::new(2, SendOp::Send)
-        .ud(&ah, QpNum::new(ud.qp_num)?, QKey(ud.qkey))
+        .ud(&ah, ud.qp_num, QKey(ud.qkey))
         .sge_len(out, 5)])?;
     let wcs = poll_n(&side.cq, 2)?;
     ensure!(wcs.iter().all(|w| w.is_success()), "{wcs:?}");
@@ -714,7 +714,10 @@ fn checks_before_any_call(env: &Env) -> Result<(), Failed> {
             "responder_resources above max_qp_rd_atom",
             ConnParam::new().responder_resources((limit + 1).min(254) as u8),
         ),
-        ("qp_num with a CM QP", ConnParam::new().qp_num(5)),
+        (
+            "qp_num with a CM QP",
+            ConnParam::new().qp_num(QpNum::new(5)?),
+        ),
     ] {
         let r = client.connect(&p);
         ensure!(

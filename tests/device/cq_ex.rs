@@ -232,11 +232,7 @@ fn ud_fields(env: &Env) -> Result<(), Failed> {
         let back = reclaim(&mut [&mut *a, &mut *b], wc);
         ensure!(back.len() == 1, "{} chunks back for {wc:?}", back.len());
         if wc.qp_num() == qb {
-            ensure!(
-                wc.src_qp().get() == qa,
-                "src_qp {}, sender {qa:#x}",
-                wc.src_qp()
-            );
+            ensure!(wc.src_qp() == qa, "src_qp {}, sender {qa:#x}", wc.src_qp());
             ensure!(wc.imm_data() == Some(42), "imm {:?}", wc.imm_data());
             ensure!(
                 wc.byte_len() == 40 + 9,

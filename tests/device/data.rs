@@ -563,7 +563,7 @@ fn ud_with_ah(env: &Env) -> Result<(), Failed> {
         ensure!(wc.is_success(), "{wc:?}");
         let back = reclaim(&mut [&mut p.a, &mut p.b], wc);
         if wc.qp_num() == p.b.qp_num() {
-            ensure!(wc.src_qp().get() == p.a.qp_num(), "src_qp {}", wc.src_qp());
+            ensure!(wc.src_qp() == p.a.qp_num(), "src_qp {}", wc.src_qp());
             ensure!(wc.imm_data() == Some(42), "imm {:?}", wc.imm_data());
             ensure!(
                 wc.byte_len() == 40 + 9,

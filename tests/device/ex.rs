@@ -356,7 +356,7 @@ fn ud_batch(env: &Env) -> Result<(), Failed> {
         let back = reclaim(&mut [&mut p.a, &mut p.b], wc);
         ensure!(back.len() == 1, "{wc:?}");
         if wc.qp_num() == p.b.qp_num() {
-            ensure!(wc.src_qp().get() == p.a.qp_num(), "src_qp {}", wc.src_qp());
+            ensure!(wc.src_qp() == p.a.qp_num(), "src_qp {}", wc.src_qp());
             let c = &back[0].2[0];
             payloads.push((
                 wc.imm_data(),

@@ -31,6 +31,7 @@ mod recv_model;
 mod registration;
 mod remote;
 mod remote_only;
+mod round_trip;
 mod template_pins;
 mod wait;
 
@@ -49,6 +50,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(by_value::TESTS);
     tests.extend_from_slice(recv_buffers::TESTS);
+    tests.extend_from_slice(round_trip::TESTS);
     tests.extend_from_slice(template_pins::TESTS);
     tests.extend_from_slice(halves_model::TESTS);
     tests.extend_from_slice(recv_model::TESTS);

@@ -112,7 +112,7 @@ fn typed_chains(env: &Env) -> Result<(), Failed> {
 
     // UC, connected to itself.
     let mut uc = Qp::<Uc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
-    let me = QpNum::new(uc.qp_num())?;
+    let me = uc.qp_num();
     uc.apply(ResetToInit::<Uc>::new(
         0,
         env.port,
@@ -145,7 +145,7 @@ fn typed_chains(env: &Env) -> Result<(), Failed> {
 
     // RC, connected to itself.
     let mut rc = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
-    let me = QpNum::new(rc.qp_num())?;
+    let me = rc.qp_num();
     let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     rc.apply(ResetToInit::<Rc>::new(0, env.port, access))?;
     ensure!(rc.query()?.0.access == access, "RC access");
@@ -259,7 +259,7 @@ fn missing_required_refused_twice(env: &Env) -> Result<(), Failed> {
             port: env.port,
             av: av(env, &s),
             mtu: s.mtu,
-            qpn: QpNum::new(qp.qp_num())?,
+            qpn: qp.qp_num(),
         };
         for (to, required) in steps(t) {
             let from = qp.state();
@@ -347,7 +347,7 @@ fn kernel_refusal_changes_nothing(env: &Env) -> Result<(), Failed> {
     qp.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
     let before = qp.query()?.0;
     let bad_av = AddressVector::new(env.port).global(GlobalRoute::new(s.gid, unused));
-    let me = QpNum::new(qp.qp_num())?;
+    let me = qp.qp_num();
     let rtr =
         InitToRtr::<Rc>::new(bad_av, s.mtu, me, Psn::new(5)?, 1, MinRnrTimer::new(12)?).into_attr();
     // The validator refuses the empty entry itself now ...
@@ -533,7 +533,7 @@ fn value_checks(env: &Env) -> Result<(), Failed> {
     )?;
     ensure!(rc.state() == QpState::Reset, "moved");
     rc.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
-    let me = QpNum::new(rc.qp_num())?;
+    let me = rc.qp_num();
     let mrt = MinRnrTimer::new(12)?;
     if port.grh_required() {
         value_err(
@@ -637,7 +637,7 @@ fn value_checks(env: &Env) -> Result<(), Failed> {
 fn rc_at_rtr(env: &Env, s: &Setup, max_dest_rd_atomic: u8) -> Result<Qp<Rc>, Failed> {
     let mut rc = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
     rc.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
-    let me = QpNum::new(rc.qp_num())?;
+    let me = rc.qp_num();
     rc.apply(InitToRtr::<Rc>::new(
         av(env, s),
         s.mtu,
@@ -699,7 +699,7 @@ fn connect_helper(env: &Env) -> Result<(), Failed> {
         let wire_a = a.local_endpoint(&opts, pa)?.to_wire();
         let wire_b = b.local_endpoint(&opts, pb)?.to_wire();
         let (ea, eb) = (Endpoint::from_wire(&wire_a)?, Endpoint::from_wire(&wire_b)?);
-        ensure!(ea.qpn.get() == a.qp_num() && ea.psn == pa, "endpoint {ea}");
+        ensure!(ea.qpn == a.qp_num() && ea.psn == pa, "endpoint {ea}");
         if env.ctx.query_port(env.port)?.grh_required() {
             ensure!(!ea.gid.is_zero(), "no GID chosen on a GRH port");
         }
@@ -710,7 +710,7 @@ fn connect_helper(env: &Env) -> Result<(), Failed> {
             ensure!(attr.state == QpState::Rts, "{t:?} not RTS");
             if t != rdma_verbs::QpType::Ud {
                 ensure!(
-                    attr.dest_qp_num.get() == peer.qp_num() && attr.rq_psn == rq,
+                    attr.dest_qp_num == peer.qp_num() && attr.rq_psn == rq,
                     "{t:?} connected wrong: {attr:?}"
                 );
                 ensure!(
@@ -920,7 +920,7 @@ fn gid_entries_must_exist_and_fit(env: &Env) -> Result<(), Failed> {
     let refused_both = |sgid: u8, dgid: rdma_verbs::Gid, needle: &str| -> Result<String, Failed> {
         let mut qp = Qp::<Rc>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
         qp.apply(ResetToInit::<Rc>::new(0, env.port, AccessFlags::empty()))?;
-        let me = QpNum::new(qp.qp_num())?;
+        let me = qp.qp_num();
         let av = AddressVector::new(env.port).global(GlobalRoute::new(dgid, sgid));
         let rtr =
             InitToRtr::<Rc>::new(av, s.mtu, me, Psn::new(1)?, 1, MinRnrTimer::new(12)?).into_attr();

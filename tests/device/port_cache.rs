@@ -58,7 +58,7 @@ fn setup(ctx: &Context, port: u8) -> Result<Loop, Failed> {
         .unwrap_or(0);
     let mtu = ctx.query_port(port)?.active_mtu;
     Ok(Loop {
-        peer: QpNum::new(peer_qp.qp_num())?,
+        peer: peer_qp.qp_num(),
         pd,
         cq,
         gid_index,

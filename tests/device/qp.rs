@@ -30,7 +30,7 @@ fn create_rc_uc_ud_in_reset(env: &Env) -> Result<(), Failed> {
         for sig_all in [false, true] {
             let qp = pd.create_qp(&QpInitAttr::new(t, &cq, &cq).sq_sig_all(sig_all))?;
             ensure!(qp.qp_type() == t, "type {:?}", qp.qp_type());
-            ensure!(qp.qp_num() != 0, "QP number 0");
+            ensure!(qp.qp_num().get() != 0, "QP number 0");
             ensure!(
                 !nums.contains(&qp.qp_num()),
                 "QP number {} reused",
