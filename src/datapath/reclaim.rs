@@ -142,6 +142,17 @@ impl QueuePair {
     /// is lost (they allocate there; a stream of unsignalled sends is
     /// better served by [`reclaim_chunks`](Self::reclaim_chunks)).
     ///
+    /// Two `Option`s stand between a completion and its chunk: this one
+    /// (the completion may end nothing here: another QP's, a raw post's),
+    /// and [`Completed::into_chunk`](crate::qp::Completed::into_chunk)'s
+    /// (the request may have lent no chunk of its own). Loops that know
+    /// both answers need neither: receives into a
+    /// [`RecvBuffers`](crate::qp::RecvBuffers) pool come back from one
+    /// [`take`](crate::qp::RecvBuffers::take) as the received bytes, and
+    /// send chunks go straight into a free list with
+    /// [`reclaim_chunks`](Self::reclaim_chunks) (see the guide's
+    /// request/response loop, [`guide::examples`](crate::guide::examples)).
+    ///
     /// ```no_run
     /// # fn f(qp: &mut rdma_verbs::QueuePair, cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
     /// use rdma_verbs::qp::RecvWr;
