@@ -96,6 +96,11 @@ impl Context {
     /// unless the QP's owner recorded a move meanwhile (the event may be
     /// read long after it was raised, after a RESET).
     ///
+    /// A port event makes the context forget what it caches of the port
+    /// that the event may have changed: a GID change its GID entries and
+    /// default GID pick, a LID change or a port going active or down its
+    /// LID (see [`Context`](crate::Context#what-a-context-caches)).
+    ///
     /// Blocks unless the context's async descriptor ([`async_fd`](Self::async_fd))
     /// was made non-blocking, in which case the error's errno is `EAGAIN`
     /// when nothing is pending.
