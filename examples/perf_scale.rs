@@ -3,7 +3,7 @@
 //! same options.
 //!
 //! ```text
-//! cargo run --release --example perf_scale -- [-d DEV] [-i PORT] [-x GIDIDX] [-n N]
+//! cargo run --release --example perf_scale -- [--documented] [-d DEV] [-i PORT] [-x GIDIDX] [-n N]
 //! ```
 //!
 //! One PD and one CQ pair (a send CQ and a receive CQ, shared by every QP);
@@ -12,13 +12,23 @@
 //! peer): each is taken RESET -> RTS by [`QueuePair::connect`] with the
 //! default [`ConnectOptions`] (rdma-core's `ibv_rc_pingpong` settings), the
 //! GID index `-x` and the port's active MTU. The port and the GID are read
-//! once, before the clock starts, as the C program does. Then every QP is
-//! closed. Prints
+//! once, before the clock starts, as the C program does, and the peer's
+//! endpoint is built by hand from them.
+//!
+//! With `--documented`, each QP takes the documented path instead: its
+//! endpoint from [`QueuePair::local_endpoint`], then
+//! [`QueuePair::connect`] to its peer's endpoint, with the default
+//! [`ConnectOptions`] but the port and the GID index `-x` (without `-x`,
+//! the crate picks the GID; the path MTU is the port's active MTU as
+//! `connect` finds it). Nothing is read before the clock starts.
+//!
+//! Then every QP is closed. Prints
 //!
 //! ```text
 //! qp_scale: path=rust qps=N setup_s=S teardown_s=T rss_kib=R
 //! ```
 //!
+//! (`path=documented` with `--documented`)
 //! where setup is creating and connecting all N QPs, teardown closing
 //! them, and `rss_kib` the growth of the process's `VmRSS`
 //! (`/proc/self/status`) from before the first QP to after the last one is
@@ -38,6 +48,8 @@ use rdma_verbs::{Context, Gid, QpCaps, QpInitAttr, QpType, QueuePair, Result};
 struct Options {
     /// `-h`/`--help`: print the usage and the options, and exit.
     help: bool,
+    /// `--documented`: every QP through `local_endpoint` and `connect`.
+    documented: bool,
     device: Option<String>,
     port: u8,
     gid_index: Option<u8>,
@@ -46,19 +58,22 @@ struct Options {
 
 /// The options, below [`USAGE`] in `--help`.
 const OPTIONS: &str = concat!(
-    "  -d DEV      the device (default: the first)\n",
-    "  -i PORT     its port (default 1)\n",
-    "  -x GIDIDX   the source GID index (default: none, no GRH; RoCE needs one)\n",
-    "  -n N        connected QPs, an even count (default 1000)\n",
-    "  -h, --help  this text",
+    "  --documented  each QP: local_endpoint, then connect (the documented path)\n",
+    "  -d DEV        the device (default: the first)\n",
+    "  -i PORT       its port (default 1)\n",
+    "  -x GIDIDX     the source GID index (default: none; with --documented the\n",
+    "                crate picks one where the port needs a GRH, else no GRH)\n",
+    "  -n N          connected QPs, an even count (default 1000)\n",
+    "  -h, --help    this text",
 );
 
-const USAGE: &str = "usage: perf_scale [-d DEV] [-i PORT] [-x GIDIDX] [-n N]";
+const USAGE: &str = "usage: perf_scale [--documented] [-d DEV] [-i PORT] [-x GIDIDX] [-n N]";
 const DEPTH: u32 = 64;
 
 fn parse() -> std::result::Result<Options, String> {
     let mut o = Options {
         help: false,
+        documented: false,
         device: None,
         port: 1,
         gid_index: None,
@@ -78,6 +93,7 @@ fn parse() -> std::result::Result<Options, String> {
                     .filter(|&n: &usize| n > 0 && n % 2 == 0)
                     .ok_or("bad -n (a positive even count)")?
             }
+            "--documented" => o.documented = true,
             "-h" | "--help" => o.help = true,
             _ => return Err(format!("unknown option {a}")),
         }
@@ -119,17 +135,6 @@ fn run(o: &Options) -> Result<()> {
         Some(d) => Context::open(d)?,
         None => Context::open_first()?,
     };
-    let port = ctx.query_port(o.port)?;
-    let gid = match o.gid_index {
-        Some(i) => ctx.query_gid(o.port, i.into())?,
-        None => Gid::ZERO,
-    };
-    let opts = ConnectOptions {
-        port: o.port,
-        gid_index: o.gid_index,
-        path_mtu: Some(port.active_mtu),
-        ..Default::default()
-    };
     let pd = ctx.alloc_pd()?;
     let scq = ctx.create_cq(4096)?;
     let rcq = ctx.create_cq(4096)?;
@@ -144,19 +149,54 @@ fn run(o: &Options) -> Result<()> {
     let psn = Psn::new(0)?;
     let mut qps: Vec<QueuePair> = Vec::with_capacity(o.n);
 
+    // The hand-built path reads the port and the GID before the clock.
+    let hand = if o.documented {
+        None
+    } else {
+        let port = ctx.query_port(o.port)?;
+        let gid = match o.gid_index {
+            Some(i) => ctx.query_gid(o.port, i.into())?,
+            None => Gid::ZERO,
+        };
+        Some((port.lid, port.active_mtu, gid))
+    };
     let rss0 = vm_rss_kib();
     let start = Instant::now();
     for _ in 0..o.n {
         qps.push(pd.create_qp(&init)?);
     }
-    for i in 0..o.n {
-        let peer = Endpoint {
-            lid: port.lid,
-            qpn: qps[i ^ 1].qp_num(),
-            psn,
-            gid,
-        };
-        qps[i].connect(&opts, psn, &peer)?;
+    match hand {
+        Some((lid, mtu, gid)) => {
+            let opts = ConnectOptions {
+                port: o.port,
+                gid_index: o.gid_index,
+                path_mtu: Some(mtu),
+                ..Default::default()
+            };
+            for i in 0..o.n {
+                let peer = Endpoint {
+                    lid,
+                    qpn: qps[i ^ 1].qp_num(),
+                    psn,
+                    gid,
+                };
+                qps[i].connect(&opts, psn, &peer)?;
+            }
+        }
+        None => {
+            let opts = ConnectOptions {
+                port: o.port,
+                gid_index: o.gid_index,
+                ..Default::default()
+            };
+            let mut ends = Vec::with_capacity(o.n);
+            for qp in &qps {
+                ends.push(qp.local_endpoint(&opts, psn)?);
+            }
+            for (i, qp) in qps.iter_mut().enumerate() {
+                qp.connect(&opts, psn, &ends[i ^ 1])?;
+            }
+        }
     }
     let setup = start.elapsed().as_secs_f64();
     let rss1 = vm_rss_kib();
@@ -169,8 +209,9 @@ fn run(o: &Options) -> Result<()> {
         (Some(a), Some(b)) => b - a,
         _ => -1,
     };
+    let path = if o.documented { "documented" } else { "rust" };
     println!(
-        "qp_scale: path=rust qps={} setup_s={setup:.6} teardown_s={teardown:.6} rss_kib={rss}",
+        "qp_scale: path={path} qps={} setup_s={setup:.6} teardown_s={teardown:.6} rss_kib={rss}",
         o.n
     );
     Ok(())

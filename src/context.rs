@@ -11,7 +11,7 @@ use crate::device_attr::DeviceAttr;
 use crate::error::{check_count, check_ptr, check_rc, table_of, Error, Result};
 use crate::gid::{Gid, GidEntry};
 use crate::handle::{close_counted, Owned, RawObject};
-use crate::port::{GidKind, PortAttr, PortCache, PortFixed};
+use crate::port::{GidKind, GidPick, PortAttr, PortCache, PortFixed};
 use crate::sys;
 use crate::users::UserCounts;
 
@@ -79,15 +79,49 @@ pub(crate) type ContextInner = Owned<sys::ibv_context, ContextData>;
 /// * Per GID table entry read, whether it was used and, for RoCE v2,
 ///   whether it is IPv4-mapped; refreshed by every read of the entry and
 ///   by [`gid_table`](Self::gid_table).
+/// * Per port, the *default GID pick*: the entry
+///   [`QueuePair::local_endpoint`](crate::QueuePair::local_endpoint) and
+///   [`QueuePair::connect`](crate::QueuePair::connect) use when
+///   [`ConnectOptions::gid_index`](crate::qp::ConnectOptions::gid_index)
+///   is `None` on a port that needs a GRH (the first RoCE v2 GID, an
+///   IPv4-mapped one if there is one), its index and GID. It goes stale
+///   when an IP address behind it leaves the port's network device (RoCE
+///   GIDs follow the addresses), or a better one arrives. Made from the
+///   whole table when first needed and by every
+///   [`gid_table`](Self::gid_table) (the explicit refresh); forgotten by
+///   an `IBV_EVENT_GID_CHANGE` read with
+///   [`get_async_event`](Self::get_async_event) and by any read that finds
+///   its entry empty. Kept true without events by a cheap check: every
+///   `local_endpoint` re-reads the one entry it names (one
+///   `ibv_query_gid_ex`) and, if that entry no longer holds the GID, picks
+///   again from the whole table, so no GID that has left the table is
+///   handed to a peer. `connect` takes the pick as cached (no call): the
+///   kernel judges the entry at RTR, and a refusal is checked again on
+///   fresh data. An address added meanwhile at a lower index is picked
+///   only after a refresh (the cached pick is still a valid GID).
+/// * Per port, the LID the last [`query_port`](Self::query_port) read, for
+///   `local_endpoint` on InfiniBand (RoCE has no LIDs: its endpoints carry
+///   0 without a call, the link layer being fixed). It goes stale when the
+///   subnet manager assigns another; refreshed by every `query_port`
+///   (including `connect`'s, below), and forgotten (read again when next
+///   needed) by an `IBV_EVENT_LID_CHANGE`, `PORT_ACTIVE`, `PORT_ERR`,
+///   `SM_CHANGE` or `CLIENT_REREGISTER` read with
+///   [`get_async_event`](Self::get_async_event). There is no cheaper check
+///   than `ibv_query_port` itself: a program on InfiniBand that reads no
+///   async events should call `query_port` after a subnet change.
 ///
 /// [`QueuePair::modify`](crate::QueuePair::modify)'s checks, and the index
 /// checks of [`query_gid`](Self::query_gid),
 /// [`query_gid_entry`](Self::query_gid_entry) and
 /// [`query_pkey`](Self::query_pkey), read the cache instead of the device,
 /// but only to *accept*: a refusal is always made on freshly read data
-/// (the port is queried again, the GID entry read again). Nothing that
-/// changes with the link (port state, active MTU, LIDs) is cached:
-/// [`query_port`](Self::query_port) always asks the device.
+/// (the port is queried again, the GID entry read again). The port state
+/// and the active MTU, which change with the link, are not cached:
+/// [`query_port`](Self::query_port) always asks the device, and so does
+/// `connect` for the path MTU when
+/// [`ConnectOptions::path_mtu`](crate::qp::ConnectOptions::path_mtu) is
+/// `None` (no event reports a RoCE MTU change; give the MTU to skip that
+/// call, as one agreed with the peer should be anyway).
 ///
 /// ```no_run
 /// use rdma_verbs::Context;
@@ -303,10 +337,17 @@ impl Context {
         self.inner.keep().ports.gid(port, index)
     }
 
-    /// Forgets what the cache knows of `port`'s GID entries (after an
-    /// `IBV_EVENT_GID_CHANGE`): each is read again when next needed.
+    /// Forgets what the cache knows of `port`'s GID entries and its default
+    /// GID pick (after an `IBV_EVENT_GID_CHANGE`): each is read again when
+    /// next needed.
     pub(crate) fn forget_cached_gids(&self, port: u8) {
         self.inner.keep().ports.forget_gids(port);
+    }
+
+    /// The context's per-port cache.
+    #[inline]
+    pub(crate) fn port_cache(&self) -> &PortCache {
+        &self.inner.keep().ports
     }
 
     /// Checks `index` against the GID table's length, which is fixed while
@@ -439,7 +480,8 @@ impl Context {
         let n = unsafe { sys::ibv_query_gid_table(self.as_ptr(), raw.as_mut_ptr(), max, 0) };
         let n = check_count("ibv_query_gid_table", n as c_int)?;
         let table: Vec<GidEntry> = raw[..n.min(max)].iter().map(GidEntry::from_raw).collect();
-        // The table lists the used entries: the others are empty now.
+        // The table lists the used entries: the others are empty now. Each
+        // port's default GID pick is made again from it.
         let cache = &self.inner.keep().ports;
         for port in self.ports() {
             cache.forget_gids(port);
@@ -448,6 +490,9 @@ impl Context {
             if let Ok(port) = u8::try_from(e.port) {
                 cache.store_gid(port, e.index, Some(GidKind::of(e)));
             }
+        }
+        for port in self.ports() {
+            cache.set_pick(port, GidPick::of(&table, port));
         }
         Ok(table)
     }

@@ -97,6 +97,11 @@ impl Context {
     /// unless the QP's owner recorded a move meanwhile (the event may be
     /// read long after it was raised, after a RESET).
     ///
+    /// A port event makes the context forget what it caches of the port
+    /// that the event may have changed: a GID change its GID entries and
+    /// default GID pick, a LID change or a port going active or down its
+    /// LID (see [`Context`](crate::Context#what-a-context-caches)).
+    ///
     /// Blocks unless the context's async descriptor ([`async_fd`](Self::async_fd))
     /// was made non-blocking, in which case the error's errno is `EAGAIN`
     /// when nothing is pending.
@@ -172,19 +177,30 @@ impl Context {
             // be destroyed before the event is acknowledged, below.
             unsafe { self.qp_registry().device_moved(raw.element.qp) };
         }
-        if let AsyncEvent::Port {
-            event: t::IBV_EVENT_GID_CHANGE,
-            port,
-        } = ev
-        {
-            // The port's GID table changed: what the context's cache knows
-            // of its entries may be stale (the port's other cached facts
-            // are fixed while the context is open).
-            self.forget_cached_gids(port);
+        if let AsyncEvent::Port { event, port } = ev {
+            self.port_event_seen(event, port);
         }
         // SAFETY: `raw` is the event just returned, acknowledged once.
         unsafe { sys::ibv_ack_async_event(&mut raw) };
         Ok(ev)
+    }
+
+    /// What a port event makes the context's cache forget (see
+    /// [`Context`](crate::Context#what-a-context-caches)): a GID change the
+    /// port's GID entries and its default GID pick; an event after which
+    /// the LID may differ (`LID_CHANGE`, `PORT_ACTIVE`, `PORT_ERR`,
+    /// `SM_CHANGE`, `CLIENT_REREGISTER`) the LID. The port's other cached
+    /// facts are fixed while the context is open.
+    fn port_event_seen(&self, event: u32, port: u8) {
+        match event {
+            t::IBV_EVENT_GID_CHANGE => self.forget_cached_gids(port),
+            t::IBV_EVENT_LID_CHANGE
+            | t::IBV_EVENT_PORT_ACTIVE
+            | t::IBV_EVENT_PORT_ERR
+            | t::IBV_EVENT_SM_CHANGE
+            | t::IBV_EVENT_CLIENT_REREGISTER => self.port_cache().forget_lid(port),
+            _ => {}
+        }
     }
 
     /// The descriptor that becomes readable when an asynchronous event is

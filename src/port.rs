@@ -1,7 +1,7 @@
 //! Port attributes (`struct ibv_port_attr`), as `ibv_query_port` reports them.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::sys;
@@ -382,8 +382,50 @@ impl GidKind {
 /// hundred): one byte each.
 const MAX_CACHED_GIDS: usize = 1 << 16;
 
+/// The GID [`QueuePair::local_endpoint`](crate::QueuePair::local_endpoint)
+/// and [`QueuePair::connect`](crate::QueuePair::connect) use on a port that
+/// needs a GRH when no GID index is given: the first RoCE v2 entry, an
+/// IPv4-mapped one if there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GidPick {
+    pub index: u8,
+    pub gid: crate::gid::Gid,
+}
+
+impl GidPick {
+    /// The pick of `port` in `table` (every used entry, as
+    /// `ibv_query_gid_table` lists them), if the port has a RoCE v2 entry
+    /// with an index a GRH can name (below 256).
+    pub(crate) fn of(table: &[crate::gid::GidEntry], port: u8) -> Option<Self> {
+        let v2 = || {
+            table.iter().filter(|e| {
+                e.port == u32::from(port)
+                    && e.gid_type == Some(crate::gid::GidType::RoceV2)
+                    && e.index <= u32::from(u8::MAX)
+            })
+        };
+        let e = v2()
+            .find(|e| e.gid.as_ipv6().to_ipv4_mapped().is_some())
+            .or_else(|| v2().next())?;
+        Some(GidPick {
+            index: e.index as u8,
+            gid: e.gid,
+        })
+    }
+
+    /// Whether `entry`, freshly read at this pick's index, still holds the
+    /// pick: the same GID, RoCE v2.
+    pub(crate) fn holds(&self, entry: &crate::gid::GidEntry) -> bool {
+        entry.gid == self.gid && entry.gid_type == Some(crate::gid::GidType::RoceV2)
+    }
+}
+
+/// A known LID in [`PortSlot::lid`]: the LID in the low 16 bits.
+const LID_KNOWN: u32 = 1 << 16;
+
 /// One port's cache in a context: its [`PortFixed`] attributes once read,
-/// and the kind of each GID entry last seen used.
+/// the kind of each GID entry last seen used, the LID last read and the
+/// default GID pick.
 #[derive(Default)]
 struct PortSlot {
     /// [`PortFixed::pack`]ed; 0 until the port is first read.
@@ -391,6 +433,11 @@ struct PortSlot {
     /// One byte per entry of the GID table (`GidKind::encode`: 0 is
     /// unknown), allocated once, when the table's length is first known.
     gids: OnceLock<Box<[AtomicU8]>>,
+    /// The LID the last query of the port returned, `| LID_KNOWN`; 0 when
+    /// not known (never read, or forgotten after a port event).
+    lid: AtomicU32,
+    /// The default GID pick, when known.
+    pick: Mutex<Option<GidPick>>,
 }
 
 /// The per-port cache of a [`Context`](crate::Context): filled by the
@@ -428,6 +475,8 @@ impl PortCache {
         let Some(slot) = self.slot(port) else { return };
         let fixed = PortFixed::of(attr);
         slot.fixed.store(fixed.pack(), Ordering::Release);
+        slot.lid
+            .store(u32::from(attr.lid) | LID_KNOWN, Ordering::Relaxed);
         // Entries past MAX_CACHED_GIDS are read every time.
         let len = usize::try_from(fixed.gid_tbl_len)
             .unwrap_or(0)
@@ -447,16 +496,52 @@ impl PortCache {
         GidKind::decode(cell.load(Ordering::Relaxed))
     }
 
-    /// Forgets every GID entry of `port`.
+    /// Forgets every GID entry of `port`, and its default GID pick.
     pub(crate) fn forget_gids(&self, port: u8) {
+        self.set_pick(port, None);
         if let Some(g) = self.slot(port).and_then(|s| s.gids.get()) {
             g.iter().for_each(|c| c.store(0, Ordering::Relaxed));
         }
     }
 
-    /// Records entry `index` of `port`: `None` when it was seen empty.
+    /// The LID the last query of `port` returned, unless forgotten since.
+    #[inline]
+    pub(crate) fn lid(&self, port: u8) -> Option<u16> {
+        let word = self.slot(port)?.lid.load(Ordering::Relaxed);
+        (word & LID_KNOWN != 0).then_some(word as u16)
+    }
+
+    /// Forgets the LID of `port` (after a port event): the next use reads it.
+    pub(crate) fn forget_lid(&self, port: u8) {
+        if let Some(slot) = self.slot(port) {
+            slot.lid.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The default GID pick of `port`, if known.
+    #[inline]
+    pub(crate) fn pick(&self, port: u8) -> Option<GidPick> {
+        *self
+            .slot(port)?
+            .pick
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records (or, with `None`, forgets) the default GID pick of `port`.
+    pub(crate) fn set_pick(&self, port: u8, pick: Option<GidPick>) {
+        if let Some(slot) = self.slot(port) {
+            *slot.pick.lock().unwrap_or_else(PoisonError::into_inner) = pick;
+        }
+    }
+
+    /// Records entry `index` of `port`: `None` when it was seen empty (which
+    /// also forgets a default GID pick at that index).
     /// Ignored until the port's table length is known.
     pub(crate) fn store_gid(&self, port: u8, index: u32, kind: Option<GidKind>) {
+        if kind.is_none() && self.pick(port).is_some_and(|p| u32::from(p.index) == index) {
+            self.set_pick(port, None);
+        }
         let cell = self
             .slot(port)
             .and_then(|s| s.gids.get())
@@ -596,6 +681,76 @@ mod tests {
         assert_eq!(cache.gid(1, 1), None);
         cache.forget_gids(1);
         assert_eq!(cache.gid(1, 2), None);
+    }
+
+    fn entry(
+        index: u32,
+        port: u32,
+        gid_type: Option<crate::gid::GidType>,
+        gid: &str,
+    ) -> crate::gid::GidEntry {
+        crate::gid::GidEntry {
+            gid: gid.parse().unwrap(),
+            index,
+            port,
+            gid_type,
+            ndev_ifindex: 0,
+        }
+    }
+
+    #[test]
+    fn default_gid_pick_prefers_ipv4_mapped_roce_v2() {
+        use crate::gid::GidType::{RoceV1, RoceV2};
+        let table = [
+            entry(0, 1, Some(RoceV1), "fe80::1"),
+            entry(1, 1, Some(RoceV2), "fe80::1"),
+            entry(2, 1, Some(RoceV1), "::ffff:10.0.0.1"),
+            entry(3, 1, Some(RoceV2), "::ffff:10.0.0.1"),
+            entry(0, 2, Some(RoceV2), "::ffff:10.0.0.2"),
+            entry(300, 3, Some(RoceV2), "::ffff:10.0.0.3"),
+        ];
+        let pick = GidPick::of(&table, 1).unwrap();
+        assert_eq!(
+            (pick.index, pick.gid),
+            (3, "::ffff:10.0.0.1".parse().unwrap())
+        );
+        assert_eq!(GidPick::of(&table[..2], 1).unwrap().index, 1);
+        assert_eq!(GidPick::of(&table, 2).unwrap().index, 0);
+        // No RoCE v2 entry, or none a GRH can name: no pick.
+        assert_eq!(GidPick::of(&table[..1], 1), None);
+        assert_eq!(GidPick::of(&table, 3), None);
+        assert!(pick.holds(&table[3]));
+        assert!(!pick.holds(&table[2]) && !pick.holds(&table[4]));
+    }
+
+    #[test]
+    fn lid_and_pick_are_cached_and_forgotten() {
+        let cache = PortCache::new(1);
+        assert_eq!(cache.lid(1), None);
+        let mut a = roce_port(4);
+        a.lid = 0x12;
+        cache.store(1, &a);
+        assert_eq!(cache.lid(1), Some(0x12));
+        cache.forget_lid(1);
+        assert_eq!(cache.lid(1), None);
+        let pick = GidPick {
+            index: 1,
+            gid: "::ffff:10.0.0.1".parse().unwrap(),
+        };
+        cache.set_pick(1, Some(pick));
+        assert_eq!(cache.pick(1), Some(pick));
+        // Another entry seen empty keeps it; its own entry seen empty does not.
+        cache.store_gid(1, 2, None);
+        assert_eq!(cache.pick(1), Some(pick));
+        cache.store_gid(1, 1, None);
+        assert_eq!(cache.pick(1), None);
+        cache.set_pick(1, Some(pick));
+        cache.forget_gids(1);
+        assert_eq!(cache.pick(1), None);
+        // Ports outside the cache: nothing kept, no panic.
+        cache.set_pick(0, Some(pick));
+        cache.forget_lid(9);
+        assert_eq!((cache.pick(0), cache.lid(9)), (None, None));
     }
 
     #[test]

@@ -9,10 +9,11 @@ use super::values::{
     AckTimeout, AddressVector, GlobalRoute, MinRnrTimer, Psn, QKey, QpNum, RetryCount, RnrRetry,
 };
 use super::{QpState, QpType, QueuePair};
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gid::{Gid, GidType};
+use crate::gid::{Gid, GidEntry};
 use crate::mr::AccessFlags;
-use crate::port::Mtu;
+use crate::port::{GidPick, Mtu};
 
 /// Where a queue pair can be reached: LID, QP number, first PSN and GID.
 ///
@@ -143,7 +144,9 @@ pub struct ConnectOptions {
     /// The local GID index; `None` picks one where the port needs a GRH
     /// (RoCE): the first RoCE v2 GID, an IPv4-mapped one if there is one.
     pub gid_index: Option<u8>,
-    /// The path MTU; `None` takes the port's active MTU.
+    /// The path MTU; `None` takes the port's active MTU, read at each
+    /// [`QueuePair::connect`] (one `ibv_query_port`: it changes with the
+    /// link, and no event reports a change on RoCE).
     pub path_mtu: Option<Mtu>,
     /// P_Key index (default 0).
     pub pkey_index: u16,
@@ -187,57 +190,93 @@ impl Default for ConnectOptions {
     }
 }
 
-impl QueuePair {
-    /// The local GID index and GID `opts` resolve to on this QP's device,
-    /// if a GRH is used.
-    ///
-    /// An explicit [`ConnectOptions::gid_index`] must name a used entry of
-    /// the port's table: an empty one is the error of
-    /// [`Context::query_gid`](crate::Context::query_gid), naming the index
-    /// and the port.
-    fn local_gid(&self, opts: &ConnectOptions) -> Result<Option<(u8, Gid)>> {
-        let ctx = self.pd().context();
-        if let Some(i) = opts.gid_index {
-            return Ok(Some((i, ctx.query_gid(opts.port, i.into())?)));
-        }
-        if !ctx.query_port(opts.port)?.grh_required() {
+/// Whether [`Context::default_gid`] checks a cached pick against the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Re-read the one entry the pick names (`ibv_query_gid_ex`): what is
+    /// handed to a peer.
+    Entry,
+    /// Take the cached pick as it is (what the device judges again).
+    Cached,
+}
+
+impl Context {
+    /// The GID [`ConnectOptions::gid_index`]` = None` stands for on `port`:
+    /// `None` when the port needs no GRH (a fact fixed while the context
+    /// is open, from the cache), else the cached pick (checked as `check`
+    /// says) or, when there is none or it no longer holds, a new pick made
+    /// from the whole table ([`gid_table`](Self::gid_table), which caches it).
+    fn default_gid(&self, port: u8, check: Check) -> Result<Option<GidPick>> {
+        if !self.port_fixed(port, false)?.grh_required() {
             return Ok(None);
         }
-        let table = ctx.gid_table()?;
-        let ours = table.iter().filter(|e| e.port == u32::from(opts.port));
-        let v2: Vec<_> = ours
-            .filter(|e| e.gid_type == Some(GidType::RoceV2))
-            .collect();
-        let pick = v2
-            .iter()
-            .find(|e| e.gid.as_ipv6().to_ipv4_mapped().is_some())
-            .or(v2.first())
-            .ok_or_else(|| {
-                Error::invalid(
-                    "QueuePair::connect",
-                    format!(
-                        "port {} needs a GRH but has no RoCE v2 GID: set ConnectOptions::gid_index",
-                        opts.port
-                    ),
-                )
-            })?;
-        let index = u8::try_from(pick.index)
-            .map_err(|_| Error::invalid("QueuePair::connect", "GID index above 255"))?;
-        Ok(Some((index, pick.gid)))
+        if let Some(pick) = self.port_cache().pick(port) {
+            if check == Check::Cached {
+                return Ok(Some(pick));
+            }
+            // Emptied, reused or unreadable: pick again from the table,
+            // whose read has the last word.
+            if let Ok(raw) = self.raw_gid_entry("ibv_query_gid_ex", port, pick.index.into()) {
+                if pick.holds(&GidEntry::from_raw(&raw)) {
+                    return Ok(Some(pick));
+                }
+            }
+        }
+        self.pick_default_gid(port)
     }
 
-    /// The local GID index `opts` resolves to, if a GRH is used: as
-    /// [`local_gid`](Self::local_gid), but an explicit
-    /// [`ConnectOptions::gid_index`] is checked against the context's cache
-    /// (an entry last read used is taken without a call; anything else is
-    /// read, so that an empty entry is refused on what the device says).
+    /// The default GID pick of `port` from a fresh read of the GID table;
+    /// a port without a RoCE v2 GID is refused after reading the port again.
+    #[cold]
+    fn pick_default_gid(&self, port: u8) -> Result<Option<GidPick>> {
+        let table = self.gid_table()?;
+        if let Some(pick) = GidPick::of(&table, port) {
+            return Ok(Some(pick));
+        }
+        if !self.port_fixed(port, true)?.grh_required() {
+            return Ok(None);
+        }
+        Err(Error::invalid(
+            "QueuePair::connect",
+            format!(
+                "port {port} needs a GRH but has no RoCE v2 GID at an index below 256: \
+                 set ConnectOptions::gid_index"
+            ),
+        ))
+    }
+
+    /// The LID of `port` for an endpoint: 0 on RoCE (which has no LIDs;
+    /// the link layer is fixed while the context is open), else the LID the
+    /// last [`query_port`](Self::query_port) read, unless a port event
+    /// read since made the context forget it; otherwise read now.
+    fn endpoint_lid(&self, port: u8) -> Result<u16> {
+        if self.port_fixed(port, false)?.is_roce() {
+            return Ok(0);
+        }
+        match self.port_cache().lid(port) {
+            Some(lid) => Ok(lid),
+            None => self.query_port(port).map(|a| a.lid),
+        }
+    }
+}
+
+impl QueuePair {
+    /// The local GID index `opts` resolves to, if a GRH is used: an
+    /// explicit [`ConnectOptions::gid_index`] is checked against the
+    /// context's cache (an entry last read used is taken without a call;
+    /// anything else is read, so that an empty entry is refused on what
+    /// the device says); none takes the context's default pick as cached
+    /// (the one [`local_endpoint`](Self::local_endpoint) last checked; the
+    /// kernel judges the entry again at RTR, and a refusal is then checked
+    /// again on fresh data, see [`modify`](Self::modify)).
     fn local_gid_index(&self, opts: &ConnectOptions) -> Result<Option<u8>> {
+        let ctx = self.pd().context();
         match opts.gid_index {
             Some(i) => {
-                self.pd().context().check_gid_used(opts.port, i.into())?;
+                ctx.check_gid_used(opts.port, i.into())?;
                 Ok(Some(i))
             }
-            None => Ok(self.local_gid(opts)?.map(|(i, _)| i)),
+            None => Ok(ctx.default_gid(opts.port, Check::Entry)?.map(|p| p.index)),
         }
     }
 
@@ -248,11 +287,25 @@ impl QueuePair {
     /// index (InfiniBand). A [`ConnectOptions::gid_index`] that names an
     /// empty (unused) entry of the port's GID table is refused with
     /// [`Error::InvalidArgument`] naming the index and the port.
+    ///
+    /// One kernel call where a GID is used, none otherwise (see
+    /// [`Context`](crate::Context#what-a-context-caches)): the GID entry
+    /// handed out is read now (`ibv_query_gid_ex`), the named one or the
+    /// context's default pick, which is picked again from the whole table
+    /// if that entry no longer holds it, so that no GID that has left the
+    /// table is handed to a peer. The LID is 0 on RoCE, and on InfiniBand
+    /// the one the context last read (see there for what refreshes it).
+    #[doc(alias = "ibv_query_gid_ex")]
     pub fn local_endpoint(&self, opts: &ConnectOptions, psn: Psn) -> Result<Endpoint> {
-        let port = self.pd().context().query_port(opts.port)?;
-        let gid = self.local_gid(opts)?.map_or(Gid::ZERO, |(_, gid)| gid);
+        let ctx = self.pd().context();
+        let gid = match opts.gid_index {
+            Some(i) => ctx.query_gid(opts.port, i.into())?,
+            None => ctx
+                .default_gid(opts.port, Check::Entry)?
+                .map_or(Gid::ZERO, |p| p.gid),
+        };
         Ok(Endpoint {
-            lid: port.lid,
+            lid: ctx.endpoint_lid(opts.port)?,
             qpn: self.qp_num(),
             psn,
             gid,
@@ -271,6 +324,15 @@ impl QueuePair {
     /// [`ConnectOptions::gid_index`] naming an empty entry of the port's GID
     /// table is refused (as in [`local_endpoint`](Self::local_endpoint))
     /// before the first step.
+    ///
+    /// Kernel calls: the three `ibv_modify_qp`, plus one `ibv_query_port`
+    /// for the active MTU when [`ConnectOptions::path_mtu`] is `None`.
+    /// The GID index comes from the context's cache without a call: an
+    /// explicit one last read used, or the default pick (see
+    /// [`Context`](crate::Context#what-a-context-caches)), as
+    /// [`local_endpoint`](Self::local_endpoint) last checked it; only a
+    /// cold cache, or an explicit entry not known used, is read.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn connect(&mut self, opts: &ConnectOptions, psn: Psn, remote: &Endpoint) -> Result<()> {
         if self.state() != QpState::Reset {
             return Err(Error::invalid(

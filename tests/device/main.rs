@@ -15,6 +15,7 @@ mod cm_user;
 mod context;
 mod cq_ex;
 mod data;
+mod endpoint_cache;
 mod ex;
 mod halves_model;
 mod in_use;
@@ -60,6 +61,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
+    tests.extend_from_slice(endpoint_cache::TESTS);
     tests.extend_from_slice(wait::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
