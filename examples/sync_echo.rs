@@ -267,10 +267,9 @@ fn accept(id: CmId, devices: &mut Vec<Device>, size: usize) -> Res<Conn> {
     let attr = QpInitAttr::new(QpType::Rc, &d.cq, &d.cq).caps(caps);
     let mut qp = id.create_qp(&d.pd, &attr).map_err(at("rdma_create_qp"))?;
     let inbox = d.router.register(&qp).map_err(at("register"))?;
-    let bufs = d
-        .pd
-        .alloc_chunks(SERVER_RECVS, size, AccessFlags::LOCAL_WRITE)
-        .map_err(at("buffers"))?;
+    let bufs =
+        d.pd.alloc_chunks(SERVER_RECVS, size, AccessFlags::LOCAL_WRITE)
+            .map_err(at("buffers"))?;
     qp.post_recv(bufs.into_iter().map(|c| RecvWr::new(0).sge(c)))
         .map_err(|e| format!("post_recv: {e}"))?;
     id.accept(&ConnParam::new()).map_err(at("rdma_accept"))?;
@@ -358,7 +357,8 @@ fn client(o: &Opts, host: &str) -> Res<String> {
     // Each step starts on every id; the events come in any order, and
     // each wait takes its own id's (the reverse order keeps the most).
     for id in &ids {
-        id.resolve_addr(None, dst, t).map_err(at("rdma_resolve_addr"))?;
+        id.resolve_addr(None, dst, t)
+            .map_err(at("rdma_resolve_addr"))?;
     }
     expect_each(&router, &ids, CmEventKind::AddrResolved, t)?;
     for id in &ids {
@@ -375,7 +375,8 @@ fn client(o: &Opts, host: &str) -> Res<String> {
         conns.push(client_qp(id, &pd, &cqr, o.size)?);
     }
     for c in &conns {
-        c.id.connect(&ConnParam::new()).map_err(at("rdma_connect"))?;
+        c.id.connect(&ConnParam::new())
+            .map_err(at("rdma_connect"))?;
     }
     for (k, c) in conns.iter().enumerate().rev() {
         router
@@ -482,10 +483,9 @@ fn round_trip(
             if !wc.is_success() {
                 return Err(format!("connection {k}: round trip {i}: {wc:?}"));
             }
-            let done = c
-                .qp
-                .reclaim_one(wc)
-                .ok_or(format!("connection {k}: stray {wc:?}"))?;
+            let done =
+                c.qp.reclaim_one(wc)
+                    .ok_or(format!("connection {k}: stray {wc:?}"))?;
             let kind = done.kind;
             let chunk = done
                 .into_chunk()

@@ -271,10 +271,10 @@ impl CqRouter {
     /// its send nor its receive CQ), and when its number is registered
     /// already (until that [`QpInbox`] is dropped).
     pub fn register(&self, qp: &QueuePair) -> Result<QpInbox> {
-        let qp_num = self
-            .shared
-            .routes()
-            .register(&self.shared.cq, qp, (), "CqRouter::register")?;
+        let qp_num =
+            self.shared
+                .routes()
+                .register(&self.shared.cq, qp, (), "CqRouter::register")?;
         Ok(QpInbox {
             shared: Arc::clone(&self.shared),
             qp_num,

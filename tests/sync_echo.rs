@@ -22,7 +22,10 @@ use libtest_mimic::Failed;
 use common::{cm_addr, procs, rust_example, Env, TestFn};
 
 const TESTS: &[(&str, TestFn)] = &[
-    ("sync_echo::two_clients_of_eight_connections_at_once", two_clients),
+    (
+        "sync_echo::two_clients_of_eight_connections_at_once",
+        two_clients,
+    ),
     ("sync_echo::no_server_fails_typed", no_server),
     ("sync_echo::bad_command_lines", bad_command_lines),
 ];

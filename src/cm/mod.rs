@@ -98,9 +98,9 @@ pub use channel::EventChannel;
 pub use event::{CmEvent, CmEventKind};
 pub use id::{CmId, McJoin};
 pub use param::{max_private_data, ConnInfo, ConnParam, PrivateDataOp, UdInfo};
-pub use route::{CmRouter, EventsOf};
 #[cfg(feature = "tokio")]
 pub(crate) use route::Kept;
+pub use route::{CmRouter, EventsOf};
 
 pub(crate) use link::QpLink;
 

@@ -14,6 +14,7 @@ mod cm;
 mod cm_user;
 mod context;
 mod cq_ex;
+mod cq_route;
 mod data;
 mod ex;
 mod halves_model;
@@ -31,6 +32,8 @@ mod recv_model;
 mod registration;
 mod remote;
 mod remote_only;
+#[cfg(feature = "cm")]
+mod route;
 mod template_pins;
 mod wait;
 
@@ -59,10 +62,13 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
     tests.extend_from_slice(wait::TESTS);
+    tests.extend_from_slice(cq_route::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm_user::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(route::TESTS);
     common::run_needing("device", &tests, NEEDS)
 }
 
