@@ -216,7 +216,10 @@ fn dropped_listener(env: &Env) -> Result<(), Failed> {
     drop(l);
     ensure!(router.kept() == 0, "{} events still kept", router.kept());
     match cr.expect(&client, CmEventKind::Established, deadline()) {
-        Err(Error::CmEvent { got, .. }) if got == "RDMA_CM_EVENT_REJECTED" => Ok(()),
+        Err(Error::CmEvent {
+            got: "RDMA_CM_EVENT_REJECTED",
+            ..
+        }) => Ok(()),
         other => Err(format!("connect to a dropped listener: {other:?}").into()),
     }
 }
