@@ -166,6 +166,8 @@ mod thread_safety {
         send_sync::<crate::WorkCompletion>();
         send_sync::<crate::Error>();
         send_sync::<crate::wait::Poller<'static>>();
+        send_sync::<crate::CqRouter>();
+        send_sync::<crate::QpInbox>();
         #[cfg(feature = "tokio")]
         {
             send_sync::<crate::tokio::AsyncCq>();
@@ -180,6 +182,7 @@ mod thread_safety {
             send_sync::<crate::cm::EventChannel>();
             send_sync::<crate::cm::CmId>();
             send_sync::<crate::cm::CmEvent>();
+            send_sync::<crate::cm::CmRouter>();
         }
     }
 }
