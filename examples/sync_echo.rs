@@ -350,6 +350,65 @@ fn client(o: &Opts, host: &str) -> Res<String> {
     let start = Instant::now();
     let t = time::scaled(Duration::from_secs(5));
     let router = CmRouter::new().map_err(at("CM channel"))?;
+    let (_cqr, mut conns) = connect_all(&router, dst, o, t)?;
+    let mut rtts = Vec::with_capacity(o.connections * o.iters as usize);
+    let mut expect = vec![0u8; o.size];
+    let mut wcs = [WorkCompletion::default(); 4];
+    for i in 0..o.iters {
+        let t0 = Instant::now();
+        for (k, c) in conns.iter_mut().enumerate() {
+            let mut send = c.send.take().ok_or("no send buffer")?;
+            fill(send.as_mut_slice(), k as u32, i);
+            c.qp.post_send([SendWr::new(u64::from(i), SendOp::Send).sge_len(send, o.size)])
+                .map_err(|x| format!("connection {k}: post_send: {x}"))?;
+        }
+        for (k, c) in conns.iter_mut().enumerate() {
+            fill(&mut expect, k as u32, i);
+            round_trip(c, k, i, &expect, &mut wcs, t)?;
+            rtts.push(t0.elapsed());
+        }
+    }
+    for c in &conns {
+        c.id.disconnect().map_err(at("rdma_disconnect"))?;
+    }
+    for (k, c) in conns.iter().enumerate().rev() {
+        router
+            .expect(&c.id, CmEventKind::Disconnected, t)
+            .map_err(|e| format!("connection {k}: disconnect: {e}"))?;
+    }
+    Ok(summary(o, rtts, start.elapsed()))
+}
+
+/// The client's line: connections, round trips, the round-trip times.
+fn summary(o: &Opts, mut rtts: Vec<Duration>, elapsed: Duration) -> String {
+    rtts.sort();
+    let pick = |q: f64| {
+        let n = rtts.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let i = ((n as f64 * q).ceil() as usize).clamp(1, n) - 1;
+        rtts[i].as_secs_f64() * 1e6
+    };
+    format!(
+        "{} connections, {} round trips, 0 failed, rtt median {:.1} us p99 {:.1} us max {:.1} us, {:.2} s",
+        o.connections,
+        rtts.len(),
+        pick(0.5),
+        pick(0.99),
+        pick(1.0),
+        elapsed.as_secs_f64()
+    )
+}
+
+/// Opens `-c` connections on `router`, all QPs on one CQ: each step
+/// starts on every id, then its events are collected one id at a time.
+fn connect_all(
+    router: &CmRouter,
+    dst: SocketAddr,
+    o: &Opts,
+    t: Duration,
+) -> Res<(CqRouter, Vec<Client>)> {
     let ids = (0..o.connections)
         .map(|_| router.create_id(PortSpace::Tcp))
         .collect::<Result<Vec<_>, _>>()
@@ -383,50 +442,7 @@ fn client(o: &Opts, host: &str) -> Res<String> {
             .expect(&c.id, CmEventKind::Established, t)
             .map_err(|e| format!("connection {k}: connect: {e}"))?;
     }
-    let mut rtts = Vec::with_capacity(o.connections * o.iters as usize);
-    let mut expect = vec![0u8; o.size];
-    let mut wcs = [WorkCompletion::default(); 4];
-    for i in 0..o.iters {
-        let t0 = Instant::now();
-        for (k, c) in conns.iter_mut().enumerate() {
-            let mut send = c.send.take().ok_or("no send buffer")?;
-            fill(send.as_mut_slice(), k as u32, i);
-            c.qp.post_send([SendWr::new(u64::from(i), SendOp::Send).sge_len(send, o.size)])
-                .map_err(|x| format!("connection {k}: post_send: {x}"))?;
-        }
-        for (k, c) in conns.iter_mut().enumerate() {
-            fill(&mut expect, k as u32, i);
-            round_trip(c, k, i, &expect, &mut wcs, t)?;
-            rtts.push(t0.elapsed());
-        }
-    }
-    for c in &conns {
-        c.id.disconnect().map_err(at("rdma_disconnect"))?;
-    }
-    for (k, c) in conns.iter().enumerate().rev() {
-        router
-            .expect(&c.id, CmEventKind::Disconnected, t)
-            .map_err(|e| format!("connection {k}: disconnect: {e}"))?;
-    }
-    let elapsed = start.elapsed();
-    rtts.sort();
-    let pick = |q: f64| {
-        let n = rtts.len();
-        if n == 0 {
-            return 0.0;
-        }
-        let i = ((n as f64 * q).ceil() as usize).clamp(1, n) - 1;
-        rtts[i].as_secs_f64() * 1e6
-    };
-    Ok(format!(
-        "{} connections, {} round trips, 0 failed, rtt median {:.1} us p99 {:.1} us max {:.1} us, {:.2} s",
-        o.connections,
-        rtts.len(),
-        pick(0.5),
-        pick(0.99),
-        pick(1.0),
-        elapsed.as_secs_f64()
-    ))
+    Ok((cqr, conns))
 }
 
 /// Waits for `kind` on each id, the last first.
