@@ -205,12 +205,17 @@ fn refused(verb: &'static str, qp_num: u32, why: &str) -> Error {
 ///
 /// Cloning shares the router. Threads: `Send` and `Sync`; polls of the CQ
 /// are serialised, so each QP's completions stay in the CQ's order.
+#[doc(alias = "ibv_poll_cq")]
 pub struct CqRouter {
     shared: Arc<Shared>,
 }
 
 /// One QP's completions from a [`CqRouter`] (its registration: dropping
 /// it ends it).
+///
+/// Drop it with its QP: the device may give a later QP the same number,
+/// whose registration this one would refuse, and whose completions it
+/// would take.
 ///
 /// Threads: `Send` and `Sync`; it takes `&mut self` to take completions.
 pub struct QpInbox {
