@@ -419,11 +419,11 @@ fn connect_all(
         id.resolve_addr(None, dst, t)
             .map_err(at("rdma_resolve_addr"))?;
     }
-    expect_each(&router, &ids, CmEventKind::AddrResolved, t)?;
+    expect_each(router, &ids, CmEventKind::AddrResolved, t)?;
     for id in &ids {
         id.resolve_route(t).map_err(at("rdma_resolve_route"))?;
     }
-    expect_each(&router, &ids, CmEventKind::RouteResolved, t)?;
+    expect_each(router, &ids, CmEventKind::RouteResolved, t)?;
     let ctx = ids[0].context().map_err(at("the id's device"))?;
     let pd = ctx.alloc_pd().map_err(at("ibv_alloc_pd"))?;
     let cqe = u32::try_from(o.connections * 4).unwrap_or(u32::MAX);
