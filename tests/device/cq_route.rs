@@ -187,14 +187,21 @@ fn thread_per_qp(env: &Env) -> Result<(), Failed> {
     let rounds = if under_valgrind() { 50 } else { 500 };
     let ia = router.register(&a)?;
     let ib = router.register(&b)?;
-    let side = |mut qp: QueuePair, mut inbox: QpInbox, first: bool| -> Result<(), String> {
+    // Each side's receive is posted before either sends (no RNR wait).
+    let prepare = |qp: &mut QueuePair| -> Result<Option<rdma_verbs::Chunk>, Failed> {
+        let mut bufs = pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
+        let send = bufs.pop();
+        qp.post_recv(bufs.into_iter().map(|c| RecvWr::new(1).sge(c)))?;
+        Ok(send)
+    };
+    let (mut a, mut b) = (a, b);
+    let (send_a, send_b) = (prepare(&mut a)?, prepare(&mut b)?);
+    let side = |mut qp: QueuePair,
+                mut inbox: QpInbox,
+                mut send: Option<rdma_verbs::Chunk>,
+                first: bool|
+     -> Result<(), String> {
         let e = |x: Error| x.to_string();
-        let mut bufs = pd
-            .alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)
-            .map_err(e)?;
-        let mut send = bufs.pop();
-        qp.post_recv(bufs.into_iter().map(|c| RecvWr::new(1).sge(c)))
-            .map_err(|x| x.to_string())?;
         let mut wcs = [WorkCompletion::default(); 4];
         for i in 0..rounds {
             if first {
@@ -236,8 +243,8 @@ fn thread_per_qp(env: &Env) -> Result<(), Failed> {
     };
     let (ra, rb) = std::thread::scope(|s| {
         let side = &side;
-        let ta = s.spawn(move || side(a, ia, true));
-        let tb = s.spawn(move || side(b, ib, false));
+        let ta = s.spawn(move || side(a, ia, send_a, true));
+        let tb = s.spawn(move || side(b, ib, send_b, false));
         (ta.join(), tb.join())
     });
     ra.map_err(|_| "thread a panicked")??;

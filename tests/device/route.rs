@@ -146,6 +146,10 @@ fn interleaved_requests(env: &Env) -> Result<(), Failed> {
             "listener family gave {ev:?}"
         );
         ensure!(seen.insert(ev.id_key()), "{ev:?} twice");
+        // Answer: the client's own DISCONNECTED waits for it.
+        let child = children.iter().find(|c| c.key() == ev.id_key());
+        drop(ev);
+        let _ = child.ok_or("no such child")?.disconnect();
     }
     for c in clients.iter().rev() {
         router.expect(c, CmEventKind::Disconnected, t)?;
