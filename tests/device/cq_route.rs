@@ -184,7 +184,7 @@ fn misuse(env: &Env) -> Result<(), Failed> {
 fn thread_per_qp(env: &Env) -> Result<(), Failed> {
     let Pair { pd, cq, a, b } = rc_pair(env)?;
     let router = CqRouter::new(&cq);
-    let rounds = if under_valgrind() { 50 } else { 500 };
+    let rounds: u32 = if under_valgrind() { 50 } else { 500 };
     let ia = router.register(&a)?;
     let ib = router.register(&b)?;
     // Each side's receive is posted before either sends (no RNR wait).
@@ -196,6 +196,9 @@ fn thread_per_qp(env: &Env) -> Result<(), Failed> {
     };
     let (mut a, mut b) = (a, b);
     let (send_a, send_b) = (prepare(&mut a)?, prepare(&mut b)?);
+    // A sends message i once the echo of i - 1 is back; B echoes each
+    // message with the chunk of its last echo, once that send is done
+    // (message i + 1 may come before that completion, in the same batch).
     let side = |mut qp: QueuePair,
                 mut inbox: QpInbox,
                 mut send: Option<rdma_verbs::Chunk>,
@@ -203,39 +206,40 @@ fn thread_per_qp(env: &Env) -> Result<(), Failed> {
      -> Result<(), String> {
         let e = |x: Error| x.to_string();
         let mut wcs = [WorkCompletion::default(); 4];
-        for i in 0..rounds {
-            if first {
-                let mut c = send.take().ok_or("no send buffer")?;
-                c.as_mut_slice()[..4].copy_from_slice(&(i as u32).to_le_bytes());
+        let (mut received, mut pending) = (0u32, std::collections::VecDeque::new());
+        if first {
+            pending.push_back(0u32);
+        }
+        while received < rounds || send.is_none() || !pending.is_empty() {
+            if let (Some(&n), Some(mut c)) = (pending.front(), send.take()) {
+                c.as_mut_slice()[..4].copy_from_slice(&n.to_le_bytes());
                 qp.post_send([SendWr::new(2, SendOp::Send).sge_len(c, 4)])
                     .map_err(|x| x.to_string())?;
+                pending.pop_front();
+                continue;
             }
-            let mut got = false;
-            while !got || send.is_none() {
-                for wc in inbox.wait(&mut wcs, deadline()).map_err(e)?.iter() {
-                    if !wc.is_success() {
-                        return Err(format!("{wc:?}"));
-                    }
-                    let done = qp.reclaim_one(wc).ok_or(format!("not ours: {wc:?}"))?;
-                    let kind = done.kind;
-                    let chunk = done.into_chunk().ok_or("no chunk")?;
-                    if kind == RequestKind::Send {
-                        send = Some(chunk);
-                        continue;
-                    }
-                    let n = u32::from_le_bytes(chunk.as_slice()[..4].try_into().unwrap_or([0; 4]));
-                    if n != i as u32 {
-                        return Err(format!("message {n} in round {i}"));
-                    }
-                    got = true;
-                    qp.post_recv([RecvWr::new(1).sge(chunk)])
-                        .map_err(|x| x.to_string())?;
-                    if !first {
-                        let mut c = send.take().ok_or("no send buffer")?;
-                        c.as_mut_slice()[..4].copy_from_slice(&n.to_le_bytes());
-                        qp.post_send([SendWr::new(2, SendOp::Send).sge_len(c, 4)])
-                            .map_err(|x| x.to_string())?;
-                    }
+            for wc in inbox.wait(&mut wcs, deadline()).map_err(e)?.iter() {
+                if !wc.is_success() {
+                    return Err(format!("{wc:?}"));
+                }
+                let done = qp.reclaim_one(wc).ok_or(format!("not ours: {wc:?}"))?;
+                let kind = done.kind;
+                let chunk = done.into_chunk().ok_or("no chunk")?;
+                if kind == RequestKind::Send {
+                    send = Some(chunk);
+                    continue;
+                }
+                let n = u32::from_le_bytes(chunk.as_slice()[..4].try_into().unwrap_or([0; 4]));
+                if n != received {
+                    return Err(format!("message {n} where {received} was due"));
+                }
+                received += 1;
+                qp.post_recv([RecvWr::new(1).sge(chunk)])
+                    .map_err(|x| x.to_string())?;
+                if !first {
+                    pending.push_back(n);
+                } else if received < rounds {
+                    pending.push_back(received);
                 }
             }
         }
