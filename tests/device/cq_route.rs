@@ -211,7 +211,10 @@ fn thread_per_qp(env: &Env) -> Result<(), Failed> {
             pending.push_back(0u32);
         }
         while received < rounds || send.is_none() || !pending.is_empty() {
-            if let (Some(&n), Some(mut c)) = (pending.front(), send.take()) {
+            // (Both looked at before `take`: a take that does not match
+            // would drop the chunk.)
+            if let (Some(&n), true) = (pending.front(), send.is_some()) {
+                let mut c = send.take().ok_or("no send buffer")?;
                 c.as_mut_slice()[..4].copy_from_slice(&n.to_le_bytes());
                 qp.post_send([SendWr::new(2, SendOp::Send).sge_len(c, 4)])
                     .map_err(|x| x.to_string())?;
