@@ -100,6 +100,7 @@ pub mod cm;
 mod context;
 mod cq;
 pub mod cq_ex;
+mod cq_route;
 mod datapath;
 mod device;
 mod device_attr;
@@ -128,6 +129,7 @@ pub use channel::{CompletionChannel, CqEvent};
 pub use context::Context;
 pub use cq::{CompletionQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use cq_ex::{CompletionQueueEx, CqExBuilder, CqPoll, PolledWc, StandardFields};
+pub use cq_route::{CqRouter, QpInbox};
 pub use device::{Device, DeviceList, Guid, NodeType, TransportType};
 pub use device_attr::{AtomicCap, DeviceAttr, DeviceCapFlags, PacketPacingCaps};
 pub use error::{Error, InUseOp, Refused, Result};
@@ -164,6 +166,8 @@ mod thread_safety {
         send_sync::<crate::WorkCompletion>();
         send_sync::<crate::Error>();
         send_sync::<crate::wait::Poller<'static>>();
+        send_sync::<crate::CqRouter>();
+        send_sync::<crate::QpInbox>();
         #[cfg(feature = "tokio")]
         {
             send_sync::<crate::tokio::AsyncCq>();
@@ -178,6 +182,7 @@ mod thread_safety {
             send_sync::<crate::cm::EventChannel>();
             send_sync::<crate::cm::CmId>();
             send_sync::<crate::cm::CmEvent>();
+            send_sync::<crate::cm::CmRouter>();
         }
     }
 }

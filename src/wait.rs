@@ -10,7 +10,10 @@
 //! answers `EAGAIN` when empty; `EventChannel::try_get_event` returns `None`).
 //!
 //! A server that accepts CM connections and serves their completions in
-//! one thread, with no lock and no second thread:
+//! one thread, with no lock and no second thread (with several
+//! connections, [`cm::CmRouter`](crate::cm::CmRouter) and
+//! [`CqRouter`](crate::CqRouter) hand each its own events and completions:
+//! `examples/sync_echo.rs`):
 //!
 //! ```no_run
 //! # #[cfg(feature = "cm")]

@@ -168,36 +168,43 @@ impl EventChannel {
                 self.inner.busy.store(false, Ordering::Relaxed);
             }
             try_first = true;
-            let timeout_ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(None);
-                    }
-                    // Round up so that a short wait is not a busy loop.
-                    i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
-                }
-            };
-            let mut pfd = libc::pollfd {
-                fd: self.inner.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the channel's open descriptor.
-            let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-            if rc < 0 {
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EINVAL);
-                if errno != libc::EINTR {
-                    return Err(Error::Verb {
-                        verb: "poll",
-                        errno,
-                    });
-                }
+            if !self.wait_readable(deadline)? {
+                return Ok(None);
             }
         }
+    }
+
+    /// Waits in `poll(2)` until the descriptor is readable (true), an
+    /// interrupting signal came (true: the caller looks again), or
+    /// `deadline` passed (false; `None` waits without limit).
+    pub(crate) fn wait_readable(&self, deadline: Option<Instant>) -> Result<bool> {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                // Round up so that a short wait is not a busy loop.
+                i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+            }
+        };
+        let mut pfd = libc::pollfd {
+            fd: self.inner.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the channel's open descriptor.
+        let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if rc < 0 {
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
+            if errno != libc::EINTR {
+                return poll_failed(errno);
+            }
+        }
+        Ok(true)
     }
 
     /// One `rdma_get_cm_event` on the non-blocking descriptor, under the lock.
@@ -259,8 +266,16 @@ impl fmt::Debug for EventChannel {
 /// The instant `wait` from now, or `None` (no deadline: wait without
 /// limit) when it is past what `Instant` can represent, such as
 /// `Duration::MAX`: never an overflow panic.
-fn deadline_after(wait: Duration) -> Option<Instant> {
+pub(crate) fn deadline_after(wait: Duration) -> Option<Instant> {
     Instant::now().checked_add(wait)
+}
+
+#[cold]
+fn poll_failed(errno: i32) -> Result<bool> {
+    Err(Error::Verb {
+        verb: "poll",
+        errno,
+    })
 }
 
 #[cfg(test)]

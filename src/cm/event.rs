@@ -257,7 +257,7 @@ impl CmEvent {
         let request = match (kind, NonNull::new(ev.id)) {
             (CmEventKind::ConnectRequest, Some(new)) => {
                 // SAFETY: the new id is live, unowned, on `chan`; the lock is held.
-                Some(unsafe { CmId::adopt(chan, new, id.ps()) })
+                Some(unsafe { CmId::adopt(chan, new, id.ps(), id.key()) })
             }
             _ => None,
         };
@@ -325,11 +325,16 @@ impl CmEvent {
         self.id.key()
     }
 
-    /// Whether nothing but this event holds its id (no handle is left to
-    /// ask for it) and it carries no request.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn orphaned(&self) -> bool {
-        self.request.is_none() && Arc::strong_count(&self.id) == 1
+    /// How many holders the event's id has: its [`CmId`] (if not dropped)
+    /// and its unacknowledged events, this one among them.
+    pub(crate) fn id_holders(&self) -> usize {
+        Arc::strong_count(&self.id)
+    }
+
+    /// The key of the listener the event's id came from (0 for none); for
+    /// a connection request, the listener's own parent.
+    pub(crate) fn id_parent(&self) -> u64 {
+        self.id.parent()
     }
 
     /// Takes a connection request's new id, to [`accept`](CmId::accept)

@@ -71,6 +71,9 @@ pub(crate) struct IdInner {
     /// event finds its id through it. Let go after the id is destroyed.
     weak: *const IdInner,
     key: u64,
+    /// The key of the listener whose connection request made this id (0
+    /// for an id made with `rdma_create_id`).
+    parent: u64,
     ps: PortSpace,
     /// The QP made on the id, while it lives.
     link: Mutex<Option<Arc<LinkShared>>>,
@@ -104,12 +107,14 @@ impl IdInner {
         chan: &Arc<ChannelInner>,
         raw: NonNull<sys::rdma_cm_id>,
         ps: PortSpace,
+        parent: u64,
     ) -> Arc<Self> {
         let inner = Arc::new_cyclic(|weak: &Weak<IdInner>| IdInner {
             raw,
             chan: chan.clone(),
             weak: weak.clone().into_raw(),
             key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+            parent,
             ps,
             link: Mutex::new(None),
             groups: Mutex::new(Vec::new()),
@@ -147,6 +152,11 @@ impl IdInner {
 
     pub(crate) fn key(&self) -> u64 {
         self.key
+    }
+
+    /// The key of the listener this id came from (0 for none).
+    pub(crate) fn parent(&self) -> u64 {
+        self.parent
     }
 
     pub(crate) fn ps(&self) -> PortSpace {
@@ -273,11 +283,12 @@ impl CmId {
         })?;
         // The new id has no events yet, so nobody else reads its context.
         // SAFETY: a fresh id on `chan`, owned by nobody else.
-        let inner = unsafe { IdInner::wrap(chan, raw, ps) };
+        let inner = unsafe { IdInner::wrap(chan, raw, ps, 0) };
         Ok(CmId { inner })
     }
 
-    /// Takes a connection request's new id.
+    /// Takes a connection request's new id; `listener` is the key of the
+    /// listener the request came to.
     ///
     /// # Safety
     /// `raw` is the live new id of a connection request on `chan`, owned by
@@ -286,10 +297,11 @@ impl CmId {
         chan: &Arc<ChannelInner>,
         raw: NonNull<sys::rdma_cm_id>,
         ps: PortSpace,
+        listener: u64,
     ) -> Self {
         CmId {
             // SAFETY: per the caller.
-            inner: unsafe { IdInner::wrap(chan, raw, ps) },
+            inner: unsafe { IdInner::wrap(chan, raw, ps, listener) },
         }
     }
 
@@ -298,7 +310,6 @@ impl CmId {
     }
 
     /// Whether the id's events arrive on `chan`.
-    #[cfg(feature = "tokio")]
     pub(crate) fn on_channel(&self, chan: &Arc<ChannelInner>) -> bool {
         Arc::ptr_eq(&self.inner.chan, chan)
     }
@@ -308,6 +319,15 @@ impl CmId {
     /// event's id).
     pub fn key(&self) -> u64 {
         self.inner.key
+    }
+
+    /// The [`key`](Self::key) of the listener whose connection request
+    /// made this id ([`CmEvent::take_request`](super::CmEvent::take_request)),
+    /// `None` for an id made with [`EventChannel::create_id`](super::EventChannel::create_id).
+    /// A [`CmRouter`](super::CmRouter) routes this id's events to waiters
+    /// for [`EventsOf::Listener`](super::EventsOf::Listener) of that listener.
+    pub fn listener_key(&self) -> Option<u64> {
+        (self.inner.parent != 0).then_some(self.inner.parent)
     }
 
     /// The port space the id was made in.

@@ -10,6 +10,7 @@
 //! | `struct rdma_ud_param` | [`UdInfo`] |
 //! | `rdma_create_qp` | [`CmId::create_qp`] |
 //! | `rdma_init_qp_attr` | [`CmId::init_qp_attr`] |
+//! | `rdma_get_cm_event`, routed to the waiter of each id | [`CmRouter`], [`EventsOf`] |
 //!
 //! # How the pieces fit
 //!
@@ -89,6 +90,7 @@ mod event;
 mod id;
 mod link;
 mod param;
+pub(crate) mod route;
 mod route_hint;
 
 pub use addr::PortSpace;
@@ -96,6 +98,9 @@ pub use channel::EventChannel;
 pub use event::{CmEvent, CmEventKind};
 pub use id::{CmId, McJoin};
 pub use param::{max_private_data, ConnInfo, ConnParam, PrivateDataOp, UdInfo};
+#[cfg(feature = "tokio")]
+pub(crate) use route::Kept;
+pub use route::{CmRouter, EventsOf};
 
 pub(crate) use link::QpLink;
 

@@ -550,7 +550,6 @@ impl QueuePair {
     }
 
     /// Whether `cq` is the QP's send or receive CQ.
-    #[cfg(feature = "tokio")]
     pub(crate) fn uses_cq(&self, cq: &CompletionQueue) -> bool {
         let k = self.inner.keep();
         std::sync::Arc::ptr_eq(&k._send_cq.inner, &cq.inner)
@@ -559,7 +558,6 @@ impl QueuePair {
 
     /// The most completions the QP can have outstanding: its send and
     /// receive queue depths.
-    #[cfg(feature = "tokio")]
     pub(crate) fn queue_depths(&self) -> usize {
         self.caps.max_send_wr as usize + self.caps.max_recv_wr as usize
     }

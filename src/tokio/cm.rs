@@ -1,7 +1,6 @@
 //! [`AsyncCmChannel`]: the connection manager's events on tokio, and its
 //! steps (resolve, connect, accept) as `async fn`s.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,7 +13,8 @@ use std::time::Duration;
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::sync::Notify;
 
-use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use crate::cm::route::Want;
+use crate::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventsOf, Kept, PortSpace};
 use crate::error::{Error, Result};
 
 /// The channel's descriptor, kept open by the channel.
@@ -70,8 +70,9 @@ pub struct AsyncCmChannel {
 
 struct Inner {
     fd: AsyncFd<ChanFd>,
-    /// Events read for another waiter than the reader, oldest first.
-    kept: Mutex<VecDeque<CmEvent>>,
+    /// Events read for another waiter than the reader, oldest first (the
+    /// routing core [`CmRouter`](crate::cm::CmRouter) shares).
+    kept: Mutex<Kept>,
     /// Woken (all waiters) whenever an event is kept.
     kept_changed: Notify,
 }
@@ -93,7 +94,7 @@ impl AsyncCmChannel {
         Ok(AsyncCmChannel {
             inner: Arc::new(Inner {
                 fd,
-                kept: Mutex::new(VecDeque::new()),
+                kept: Mutex::new(Kept::default()),
                 kept_changed: Notify::new(),
             }),
         })
@@ -117,7 +118,20 @@ impl AsyncCmChannel {
     /// reads is returned or kept in the same step.
     #[doc(alias = "rdma_get_cm_event")]
     pub async fn next_event(&self) -> Result<CmEvent> {
-        self.next_matching(None).await
+        self.next_matching(Want::Any).await
+    }
+
+    /// Waits for the next event of `of`: one id's, a listener's and the
+    /// ids' taken from its requests, or any ([`EventsOf`], the same
+    /// routing as [`CmRouter::next`](crate::cm::CmRouter::next)). Events
+    /// for others read meanwhile are kept for their waiters. Cancel safe,
+    /// as [`next_event`](Self::next_event).
+    ///
+    /// Fails with [`Error::InvalidArgument`] when the id is not on this channel.
+    #[doc(alias = "rdma_get_cm_event")]
+    pub async fn next_event_of(&self, of: EventsOf<'_>) -> Result<CmEvent> {
+        of.check(self.channel())?;
+        self.next_matching(of.want()).await
     }
 
     /// Waits for the next event for `id` (for a listener: its connection
@@ -127,7 +141,7 @@ impl AsyncCmChannel {
     /// Fails with [`Error::InvalidArgument`] when `id` is not on this channel.
     pub async fn next_event_for(&self, id: &CmId) -> Result<CmEvent> {
         self.check(id, "rdma_get_cm_event")?;
-        self.next_matching(Some(id.key())).await
+        self.next_matching(Want::Id(id.key())).await
     }
 
     /// Waits for the next event for `id` and checks that it is a `kind`
@@ -260,16 +274,16 @@ impl AsyncCmChannel {
         }
     }
 
-    /// The next event for `key` (any with `None`): a kept one, else one
-    /// read now, else wait for the channel or for a kept event.
-    async fn next_matching(&self, key: Option<u64>) -> Result<CmEvent> {
+    /// The next event for `want`: a kept one, else one read now, else wait
+    /// for the channel or for a kept event.
+    async fn next_matching(&self, want: Want) -> Result<CmEvent> {
         let inner = &*self.inner;
         loop {
             // Registered before looking, so that an event kept after the
             // look wakes this waiter.
             let mut changed = pin!(inner.kept_changed.notified());
             changed.as_mut().enable();
-            if let Some(event) = inner.take_or_read(key)? {
+            if let Some(event) = inner.take_or_read(want)? {
                 return Ok(event);
             }
             let mut readable = pin!(inner.fd.readable());
@@ -294,50 +308,27 @@ impl AsyncCmChannel {
 }
 
 impl Inner {
-    fn kept(&self) -> MutexGuard<'_, VecDeque<CmEvent>> {
+    fn kept(&self) -> MutexGuard<'_, Kept> {
         // Pushes and removals of whole events only: a poisoned lock is
         // taken as it is.
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A kept event for `key`, or the first for `key` of those waiting on
+    /// A kept event for `want`, or the first for it of those waiting on
     /// the channel (the others are kept, and their waiters woken).
-    fn take_or_read(&self, key: Option<u64>) -> Result<Option<CmEvent>> {
+    fn take_or_read(&self, want: Want) -> Result<Option<CmEvent>> {
         let mut kept = self.kept();
         // Events nobody can ask for any more are acknowledged now.
-        kept.retain(|e| !e.orphaned());
-        let at = match key {
-            None => (!kept.is_empty()).then_some(0),
-            Some(k) => kept.iter().position(|e| e.id_key() == k),
-        };
-        if let Some(at) = at {
-            return Ok(kept.remove(at));
+        kept.sweep();
+        if let Some(event) = kept.take(want) {
+            return Ok(Some(event));
         }
-        let mut found = None;
-        let mut added = false;
-        let read = loop {
-            match self.fd.get_ref().0.read_one() {
-                Ok(Some(event)) => {
-                    if found.is_none() && key.is_none_or(|k| event.id_key() == k) {
-                        found = Some(event);
-                    } else {
-                        kept.push_back(event);
-                        added = true;
-                    }
-                }
-                Ok(None) => break Ok(()),
-                Err(e) => break Err(e),
-            }
-        };
+        let found = kept.read(&self.fd.get_ref().0, want);
         drop(kept);
-        if added {
+        if found.kept_more {
             self.kept_changed.notify_waiters();
         }
-        match (found, read) {
-            (Some(event), _) => Ok(Some(event)),
-            (None, Err(e)) => Err(e),
-            (None, Ok(())) => Ok(None),
-        }
+        found.event
     }
 }
 
@@ -356,7 +347,7 @@ impl futures_core::Stream for CmEvents<'_> {
         let ch = this.ch;
         let next = this
             .next
-            .get_or_insert_with(|| Box::pin(ch.next_matching(None)));
+            .get_or_insert_with(|| Box::pin(ch.next_matching(Want::Any)));
         let out = std::task::ready!(next.as_mut().poll(cx));
         this.next = None;
         Poll::Ready(Some(out))

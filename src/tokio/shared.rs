@@ -1,7 +1,6 @@
 //! [`SharedCq`]: one CQ serving many QPs, each QP's completions awaited by
 //! its own task ([`QpCompletions`]).
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -14,11 +13,9 @@ use ::tokio::sync::Notify;
 use super::AsyncCq;
 use crate::context::Context;
 use crate::cq::{CompletionQueue, WorkCompletion};
+use crate::cq_route::{self, ROUTE_BATCH as DRIVE_BATCH};
 use crate::error::{Error, Result};
 use crate::qp::{QpNum, QueuePair};
-
-/// Completions the driver polls per `ibv_poll_cq`.
-const DRIVE_BATCH: usize = 32;
 
 /// A completion queue shared by many QPs on tokio, each QP's completions
 /// delivered to its own [`QpCompletions`] (routed by QP number).
@@ -85,23 +82,13 @@ struct Shared {
     closed: Notify,
 }
 
+/// The routing core [`CqRouter`](crate::CqRouter) shares, and the
+/// driver's end.
 #[derive(Default)]
 struct Routes {
-    queues: HashMap<QpNum, Route>,
-    /// Completions for QP numbers nobody registered.
-    unrouted: u64,
-    /// Completions a dropped `QpCompletions` had queued, by QP number, for
-    /// the next registration of that number.
-    left: HashMap<QpNum, VecDeque<WorkCompletion>>,
+    core: cq_route::Routes<Arc<Notify>>,
     /// The driver's failure (the verb and errno), reported to every waiter.
     failed: Option<(&'static str, i32)>,
-}
-
-struct Route {
-    wcs: VecDeque<WorkCompletion>,
-    notify: Arc<Notify>,
-    /// Got completions in the current dispatch (to notify once).
-    touched: bool,
 }
 
 impl Shared {
@@ -164,35 +151,13 @@ impl SharedCq {
     /// its send nor its receive CQ), and when its number is registered
     /// already (until that [`QpCompletions`] is dropped).
     pub fn register(&self, qp: &QueuePair) -> Result<QpCompletions> {
-        if !qp.uses_cq(&self.shared.cq) {
-            return Err(Error::invalid(
-                "SharedCq::register",
-                format!("QP {} is not on this CQ", qp.qp_num()),
-            ));
-        }
-        let qp_num = qp.qp_num();
         let notify = Arc::new(Notify::new());
-        {
-            let mut routes = self.shared.routes();
-            if routes.queues.contains_key(&qp_num) {
-                return Err(Error::invalid(
-                    "SharedCq::register",
-                    format!("QP {qp_num} is registered already"),
-                ));
-            }
-            let wcs = routes
-                .left
-                .remove(&qp_num)
-                .unwrap_or_else(|| VecDeque::with_capacity(qp.queue_depths()));
-            routes.queues.insert(
-                qp_num,
-                Route {
-                    wcs,
-                    notify: Arc::clone(&notify),
-                    touched: false,
-                },
-            );
-        }
+        let qp_num = self.shared.routes().core.register(
+            &self.shared.cq,
+            qp,
+            Arc::clone(&notify),
+            "SharedCq::register",
+        )?;
         Ok(QpCompletions {
             shared: self.shared.hold(),
             qp_num,
@@ -204,9 +169,7 @@ impl SharedCq {
     /// came for QP numbers nobody had registered (and were dropped), and
     /// those a dropped `QpCompletions` left for its QP's next registration.
     pub fn unrouted(&self) -> u64 {
-        let routes = self.shared.routes();
-        let left: usize = routes.left.values().map(VecDeque::len).sum();
-        routes.unrouted + left as u64
+        self.shared.routes().core.unrouted()
     }
 }
 
@@ -232,8 +195,7 @@ impl QpCompletions {
 
     /// How many of the QP's completions have arrived and wait to be polled.
     pub fn queued(&self) -> usize {
-        let routes = self.shared.routes();
-        routes.queues.get(&self.qp_num).map_or(0, |r| r.wcs.len())
+        self.shared.routes().core.queued(self.qp_num)
     }
 
     /// Waits until the QP has at least one completion and moves up to
@@ -279,17 +241,8 @@ impl QpCompletions {
     fn try_take(&mut self, wcs: &mut [WorkCompletion]) -> Result<usize> {
         let mut routes = self.shared.routes();
         // The route lives as long as this handle (inserted by `register`,
-        // removed by its drop), so it is always there.
-        let n = match routes.queues.get_mut(&self.qp_num) {
-            Some(route) => {
-                let n = route.wcs.len().min(wcs.len());
-                for (slot, wc) in wcs.iter_mut().zip(route.wcs.drain(..n)) {
-                    *slot = wc;
-                }
-                n
-            }
-            None => 0,
-        };
+        // removed by its drop).
+        let n = routes.core.take(self.qp_num, wcs);
         match routes.failed {
             Some((verb, errno)) if n == 0 => Err(Error::Verb { verb, errno }),
             _ => Ok(n),
@@ -301,13 +254,7 @@ impl Drop for QpCompletions {
     fn drop(&mut self) {
         // Completions still queued wait for the QP's next registration
         // (until then, its requests' buffers stay with the QP).
-        let mut routes = self.shared.routes();
-        if let Some(route) = routes.queues.remove(&self.qp_num) {
-            if !route.wcs.is_empty() {
-                routes.left.insert(self.qp_num, route.wcs);
-            }
-        }
-        drop(routes);
+        self.shared.routes().core.unregister(self.qp_num);
         self.shared.release();
     }
 }
@@ -360,8 +307,8 @@ impl Drop for Gone {
         if routes.failed.is_none() {
             routes.failed = Some(("SharedCq (its routing task ended)", libc::ECANCELED));
         }
-        for route in routes.queues.values() {
-            route.notify.notify_one();
+        for notify in routes.core.wakers() {
+            notify.notify_one();
         }
     }
 }
@@ -369,30 +316,10 @@ impl Drop for Gone {
 /// Puts each completion in its QP's queue and wakes each QP's task once.
 /// `wcs` holds at most [`DRIVE_BATCH`] completions.
 fn dispatch(shared: &Shared, wcs: &[WorkCompletion]) {
-    let mut routes = shared.routes();
-    let routes = &mut *routes;
-    // The QPs that got completions, each once (at most one per completion).
-    let mut touched = [QpNum::default(); DRIVE_BATCH];
-    let mut ntouched = 0;
-    for wc in wcs {
-        match routes.queues.get_mut(&wc.qp_num()) {
-            Some(route) => {
-                route.wcs.push_back(*wc);
-                if !route.touched {
-                    route.touched = true;
-                    touched[ntouched] = wc.qp_num();
-                    ntouched += 1;
-                }
-            }
-            None => routes.unrouted += 1,
-        }
-    }
-    for qp_num in &touched[..ntouched] {
-        if let Some(route) = routes.queues.get_mut(qp_num) {
-            route.touched = false;
-            route.notify.notify_one();
-        }
-    }
+    shared
+        .routes()
+        .core
+        .dispatch(wcs, |notify| notify.notify_one());
 }
 
 impl fmt::Debug for SharedCq {
@@ -400,8 +327,8 @@ impl fmt::Debug for SharedCq {
         let routes = self.shared.routes();
         f.debug_struct("SharedCq")
             .field("cq", &self.shared.cq)
-            .field("qps", &routes.queues.len())
-            .field("unrouted", &routes.unrouted)
+            .field("qps", &routes.core.len())
+            .field("unrouted", &routes.core.unrouted())
             .finish()
     }
 }

@@ -14,6 +14,7 @@ mod cm;
 mod cm_user;
 mod context;
 mod cq_ex;
+mod cq_route;
 mod data;
 mod endpoint_cache;
 mod ex;
@@ -33,6 +34,8 @@ mod registration;
 mod remote;
 mod remote_only;
 mod round_trip;
+#[cfg(feature = "cm")]
+mod route;
 mod template_pins;
 mod wait;
 
@@ -63,10 +66,13 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(port_cache::TESTS);
     tests.extend_from_slice(endpoint_cache::TESTS);
     tests.extend_from_slice(wait::TESTS);
+    tests.extend_from_slice(cq_route::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm_user::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(route::TESTS);
     common::run_needing("device", &tests, NEEDS)
 }
 

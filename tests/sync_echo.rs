@@ -1,0 +1,161 @@
+//! The `sync_echo` example (one thread, no tokio: `CmRouter` and
+//! `CqRouter`) on the test device: a server and two client processes of 8
+//! connections each at once, every connection making 100 round trips
+//! whose echoes it checks byte for byte; a client with nobody listening;
+//! bad command lines.
+//!
+//! The server listens on the test port's IPv4 address (from its RoCE GID,
+//! or `RDMA_VERBS_CM_ADDR`) and counts as listening once `rdma resource
+//! show cm_id` lists it. Needs the device (see `tests/common`) and the
+//! `rdma` tool.
+
+#[path = "common/mod.rs"]
+#[macro_use]
+mod common;
+
+use std::net::IpAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use libtest_mimic::Failed;
+
+use common::{cm_addr, procs, rust_example, Env, TestFn};
+
+const TESTS: &[(&str, TestFn)] = &[
+    (
+        "sync_echo::two_clients_of_eight_connections_at_once",
+        two_clients,
+    ),
+    ("sync_echo::no_server_fails_typed", no_server),
+    ("sync_echo::bad_command_lines", bad_command_lines),
+];
+
+fn main() -> std::process::ExitCode {
+    common::run("sync_echo", TESTS)
+}
+
+fn limit() -> Duration {
+    common::deadline() * 6
+}
+
+/// Starts the server on `ip:port`, exiting after `n` connections, and
+/// waits until it listens.
+fn server(ip: IpAddr, port: u16, n: u32) -> Result<std::process::Child, Failed> {
+    let mut child = procs::spawn(Command::new(rust_example("sync_echo")?).args([
+        "-b",
+        &ip.to_string(),
+        "-p",
+        &port.to_string(),
+        "-x",
+        &n.to_string(),
+    ]))?;
+    let want = format!("{ip}:{port}");
+    let listening = |w: &[&str]| {
+        w.windows(2).any(|p| p == ["state", "LISTEN"])
+            && w.windows(2).any(|p| p[0] == "src-addr" && p[1] == want)
+    };
+    if let Err(e) = common::wait_for_cm_id(&mut child, "the sync_echo server", listening) {
+        let _ = child.kill();
+        let ran = procs::finish(child, Duration::ZERO)?;
+        return Err(format!("{e:?}\nserver: {}", ran.merged()).into());
+    }
+    Ok(child)
+}
+
+fn two_clients(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let port = 7482;
+    let srv = server(ip, port, 16)?;
+    let exe = rust_example("sync_echo")?;
+    let client = || {
+        procs::spawn(Command::new(&exe).args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "8",
+            "-n",
+            "100",
+            &ip.to_string(),
+        ]))
+    };
+    let (a, b) = (client()?, client()?);
+    let a = procs::finish(a, limit())?;
+    let b = procs::finish(b, limit())?;
+    let s = procs::finish(srv, limit())?;
+    let all = format!(
+        "client 1:\n{}\nclient 2:\n{}\nserver:\n{}",
+        a.merged(),
+        b.merged(),
+        s.merged()
+    );
+    ensure!(
+        a.code == Some(0) && b.code == Some(0) && s.code == Some(0),
+        "exit codes {:?} {:?} {:?}\n{all}",
+        a.code,
+        b.code,
+        s.code
+    );
+    for c in [&a, &b] {
+        ensure!(
+            c.stdout
+                .contains("sync_echo: 8 connections, 800 round trips, 0 failed, rtt median "),
+            "client line\n{all}"
+        );
+    }
+    ensure!(
+        s.stdout.trim() == "sync_echo: served 16 connections, 1600 messages",
+        "server line\n{all}"
+    );
+    ensure!(
+        a.stderr.is_empty() && b.stderr.is_empty() && s.stderr.is_empty(),
+        "stderr\n{all}"
+    );
+    eprintln!("sync_echo: {}", a.stdout.trim());
+    Ok(())
+}
+
+fn no_server(env: &Env) -> Result<(), Failed> {
+    let ip = cm_addr(env)?;
+    let client = procs::spawn(Command::new(rust_example("sync_echo")?).args([
+        "-p",
+        "7483",
+        "-c",
+        "3",
+        "-n",
+        "1",
+        &ip.to_string(),
+    ]))?;
+    let c = procs::finish(client, limit())?;
+    ensure!(c.code == Some(1), "exit code {:?}\n{}", c.code, c.merged());
+    ensure!(
+        c.stderr.contains(
+            "connection 2: connect: waited for RDMA_CM_EVENT_ESTABLISHED, got RDMA_CM_EVENT_REJECTED"
+        ),
+        "{}",
+        c.merged()
+    );
+    Ok(())
+}
+
+fn bad_command_lines(_env: &Env) -> Result<(), Failed> {
+    for args in [
+        &["-s", "4"][..],
+        &["-s", "5000"],
+        &["-c", "0", "host"],
+        &["-n", "x", "host"],
+        &["--bogus"],
+        &["a", "b"],
+        &["-p"],
+    ] {
+        let out = Command::new(rust_example("sync_echo")?)
+            .args(args)
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(2) && err.contains("usage: sync_echo"),
+            "{args:?}: {:?} {err}",
+            out.status.code()
+        );
+    }
+    Ok(())
+}
