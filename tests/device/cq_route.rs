@@ -221,7 +221,19 @@ fn thread_per_qp(env: &Env) -> Result<(), Failed> {
                 pending.pop_front();
                 continue;
             }
-            for wc in inbox.wait(&mut wcs, deadline()).map_err(e)?.iter() {
+            let got = inbox.wait(&mut wcs, deadline()).map_err(|x| {
+                format!(
+                    "{} side: {} of {rounds} received, send chunk {}, pending {pending:?}, {} sends and {} receives outstanding, {} queued: {}",
+                    if first { "sending" } else { "echo" },
+                    received,
+                    if send.is_some() { "here" } else { "out" },
+                    qp.outstanding_sends(),
+                    qp.outstanding_recvs(),
+                    inbox.queued(),
+                    e(x)
+                )
+            })?;
+            for wc in got.iter() {
                 if !wc.is_success() {
                     return Err(format!("{wc:?}"));
                 }
