@@ -33,8 +33,15 @@ pub const TESTS: &[(&str, TestFn)] = &[
     ),
 ];
 
-/// Round trips of each test.
-const ROUNDS: u32 = 200;
+/// Round trips of each test: 200, or 50 under valgrind (whose one
+/// thread at a time makes each round trip a scheduling turn).
+fn rounds() -> u32 {
+    if crate::common::under_valgrind() {
+        50
+    } else {
+        200
+    }
+}
 /// Bytes of a request and of a reply.
 const LEN: usize = 16;
 
@@ -65,7 +72,7 @@ fn ends(env: &Env) -> Result<(Client, QueuePair, CompletionQueue), Failed> {
     Ok((Client { pd, qp, cq }, server, server_cq))
 }
 
-/// The server: answers `ROUNDS` requests, each with the request's bytes
+/// The server: answers [`rounds`] requests, each with the request's bytes
 /// plus one, sent inline from its stack. Hands its QP back, for the caller
 /// to keep until the client saw its last send complete (the server's
 /// acknowledgement may follow its reply).
@@ -76,10 +83,11 @@ fn serve(mut qp: QueuePair, cq: CompletionQueue, pool: usize) -> Result<QueuePai
     let mut wcs = [WorkCompletion::default(); 8];
     let (start, limit) = (Instant::now(), deadline());
     let mut served = 0;
-    while served < ROUNDS {
+    let rounds = rounds();
+    while served < rounds {
         if start.elapsed() > limit {
             return Err(format!(
-                "server: {served} of {ROUNDS} requests in {limit:?}"
+                "server: {served} of {rounds} requests in {limit:?}"
             ));
         }
         for wc in cq.poll(&mut wcs).map_err(|e| e.to_string())?.iter() {
@@ -150,7 +158,7 @@ impl Source {
     }
 }
 
-/// The guide's client loop: `ROUNDS` requests of `LEN` bytes (from the
+/// The guide's client loop: [`rounds`] requests of `LEN` bytes (from the
 /// free list `free`, or inline when it is `None`), each reply checked.
 fn client(e: &mut Client, mut free: Option<Vec<Chunk>>, late_sends: bool) -> Result<Seen, Failed> {
     let chunks = free.as_ref().map_or(0, Vec::len);
@@ -165,7 +173,7 @@ fn client(e: &mut Client, mut free: Option<Vec<Chunk>>, late_sends: bool) -> Res
         reply_first: 0,
         waited: 0,
     };
-    for round in 0..ROUNDS {
+    for round in 0..rounds() {
         let body = [round as u8; LEN];
         // A request's buffer: one is free, or comes back with the next
         // send completion (which the reply loop below files too).
@@ -249,8 +257,10 @@ fn run(env: &Env, send_chunks: usize, late_sends: bool) -> Result<Seen, Failed> 
     let served = t.join().map_err(|_| "the server panicked")?;
     drop(served?);
     println!(
-        "round_trip: {ROUNDS} round trips, {send_chunks} send chunks, late sends {late_sends}: {} replies before their send completion, {} waits for a chunk",
-        seen.reply_first, seen.waited
+        "round_trip: {} round trips, {send_chunks} send chunks, late sends {late_sends}: {} replies before their send completion, {} waits for a chunk",
+        rounds(),
+        seen.reply_first,
+        seen.waited
     );
     Ok(seen)
 }
@@ -266,7 +276,7 @@ fn two_send_chunks(env: &Env) -> Result<(), Failed> {
 fn two_send_chunks_late(env: &Env) -> Result<(), Failed> {
     let seen = run(env, 2, true)?;
     ensure!(
-        seen.reply_first == ROUNDS && seen.waited == 0,
+        seen.reply_first == rounds() && seen.waited == 0,
         "{} replies first, {} waits",
         seen.reply_first,
         seen.waited
@@ -280,7 +290,7 @@ fn two_send_chunks_late(env: &Env) -> Result<(), Failed> {
 fn one_send_chunk_late(env: &Env) -> Result<(), Failed> {
     let seen = run(env, 1, true)?;
     ensure!(
-        seen.reply_first == ROUNDS && seen.waited == ROUNDS - 1,
+        seen.reply_first == rounds() && seen.waited == rounds() - 1,
         "{} replies first, {} waits",
         seen.reply_first,
         seen.waited
@@ -294,7 +304,7 @@ fn one_send_chunk_late(env: &Env) -> Result<(), Failed> {
 fn inline_requests_late(env: &Env) -> Result<(), Failed> {
     let seen = run(env, 0, true)?;
     ensure!(
-        seen.reply_first == ROUNDS,
+        seen.reply_first == rounds(),
         "{} replies first",
         seen.reply_first
     );
