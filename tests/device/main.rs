@@ -16,6 +16,7 @@ mod context;
 mod cq_ex;
 mod data;
 mod ex;
+mod explain;
 mod halves_model;
 mod in_use;
 mod modify;
@@ -61,6 +62,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(port_cache::TESTS);
     tests.extend_from_slice(wait::TESTS);
+    tests.extend_from_slice(explain::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]
