@@ -294,6 +294,10 @@ impl<F: FieldSet> Completion for PolledWc<'_, F> {
     fn status_code(&self) -> u32 {
         self.raw_status()
     }
+    #[inline]
+    fn vendor_code(&self) -> u32 {
+        self.vendor_err()
+    }
 
     #[inline]
     fn inv_flags(&self) -> Option<WcFlags> {

@@ -16,8 +16,8 @@ use std::fmt;
 
 use super::query::QpAttributes;
 use super::{QpNum, QpState, QpType, QueuePair, RequestKind};
-use crate::cq::{WcStatus, WorkCompletion};
-use crate::datapath::Completed;
+use crate::cq::WcStatus;
+use crate::datapath::{Completed, Completion};
 use crate::gid::{GidEntry, GidType};
 use crate::port::{LinkLayer, PortAttr};
 
@@ -32,10 +32,12 @@ pub enum CauseKind {
     OtherQp,
     /// The port is not `IBV_PORT_ACTIVE`.
     PortNotActive,
-    /// The path has no GRH on a RoCE port, where peers are addressed by GID.
+    /// The path has no GRH on a RoCE port, where peers are addressed by
+    /// GID (or on a port flagged `IBV_QPF_GRH_REQUIRED`).
     NoGrhOnRoce,
-    /// The path's DLID is 0 and it has no GRH on an InfiniBand port.
-    Lid0WithoutGrh,
+    /// The path's DLID is 0 on an InfiniBand port (which routes by LID,
+    /// with or without a GRH).
+    Lid0OnInfiniBand,
     /// No QP answered at the peer: a wrong or destroyed peer QP number, or
     /// a peer QP not (or no longer) in RTR or RTS.
     PeerQp,
@@ -119,8 +121,9 @@ pub struct ExplainFacts {
     pub qp_num: QpNum,
     /// The QP's type.
     pub qp_type: QpType,
-    /// The completion's `qp_num`.
-    pub completion_qp_num: QpNum,
+    /// The completion's `qp_num`; `None` from an extended CQ created
+    /// without it (the completion is then taken as this QP's).
+    pub completion_qp_num: Option<QpNum>,
     /// Which queue the completed request was posted to (safe-path requests).
     pub request: Option<RequestKind>,
     /// The state the crate knew (see [`QueuePair::state`]).
@@ -209,9 +212,10 @@ impl QueuePair {
     ///
     /// The facts are read now (`ibv_query_qp`, `ibv_query_port`,
     /// `ibv_query_gid_ex`), not when the request failed: call it soon after
-    /// polling the completion, before the QP is reset or modified. A
-    /// successful completion, or one of another QP, is answered with a
-    /// single cause saying so ([`CauseKind::NotFailed`],
+    /// polling the completion, before the QP is reset or modified. Takes a
+    /// [`WorkCompletion`](crate::WorkCompletion) or an extended CQ's
+    /// [`PolledWc`](crate::PolledWc). A successful completion, or one of
+    /// another QP, is answered with a single cause saying so ([`CauseKind::NotFailed`],
     /// [`CauseKind::OtherQp`]); a query that fails leaves its facts out and
     /// says so in [`ExplainFacts::query_errors`]. Never fails.
     ///
@@ -232,15 +236,17 @@ impl QueuePair {
     #[cold]
     #[doc(alias = "ibv_wc_status_str")]
     #[doc(alias = "ibv_query_qp")]
-    pub fn explain(&self, wc: &WorkCompletion) -> Explanation {
+    pub fn explain<C: Completion + ?Sized>(&self, wc: &C) -> Explanation {
         let facts = self.gather(wc);
-        let status = wc.status();
-        let causes = if facts.completion_qp_num != facts.qp_num {
+        let raw = wc.status_code();
+        let status = WcStatus::from_raw(raw).ok_or(raw);
+        let causes = if let Some(other) = facts.other_qp() {
             vec![Cause::new(
                 CauseKind::OtherQp,
                 format!(
-                    "the completion is QP {:#x}'s, not this QP's ({:#x}): explain it with that QP",
-                    facts.completion_qp_num, facts.qp_num
+                    "the completion is QP {other:#x}'s, not this QP's ({:#x}): explain it with \
+                     that QP",
+                    facts.qp_num
                 ),
             )]
         } else {
@@ -255,7 +261,7 @@ impl QueuePair {
 
     /// Reads the facts [`explain`](Self::explain) rests on.
     #[cold]
-    fn gather(&self, wc: &WorkCompletion) -> ExplainFacts {
+    fn gather<C: Completion + ?Sized>(&self, wc: &C) -> ExplainFacts {
         let mut errors = Vec::new();
         let attrs = match self.query() {
             Ok((a, _)) => Some(a),
@@ -293,8 +299,8 @@ impl QueuePair {
         ExplainFacts {
             qp_num: self.qp_num(),
             qp_type: self.qp_type(),
-            completion_qp_num: wc.qp_num(),
-            request: wc.request_kind(),
+            completion_qp_num: wc.local_qp_num().map(QpNum::truncate),
+            request: RequestKind::of_tag(wc.tag()),
             known_state: self.state(),
             attrs,
             port,
@@ -305,7 +311,7 @@ impl QueuePair {
             srq: self.srq().is_some(),
             first_failure,
             recv_bytes: None,
-            vendor_err: wc.vendor_err(),
+            vendor_err: wc.vendor_code(),
             query_errors: errors,
         }
     }
@@ -345,10 +351,10 @@ impl fmt::Display for Explanation {
         let what = request_name(x.request);
         let t = x.qp_type.short_name();
         match self.status {
-            _ if x.completion_qp_num != x.qp_num => write!(
+            _ if x.other_qp().is_some() => write!(
                 f,
                 "completion of QP {:#x} ({}) offered to {t} QP {:#x}",
-                x.completion_qp_num,
+                x.completion_qp_num.unwrap_or_default(),
                 status_text(self.status),
                 x.qp_num
             )?,
@@ -428,6 +434,11 @@ impl fmt::Display for ExplainFacts {
 }
 
 impl ExplainFacts {
+    /// The completion's QP number, if it is another QP's.
+    fn other_qp(&self) -> Option<QpNum> {
+        self.completion_qp_num.filter(|&n| n != self.qp_num)
+    }
+
     /// The path and timers part of the facts' text.
     fn fmt_path(&self, f: &mut fmt::Formatter<'_>, a: &QpAttributes) -> fmt::Result {
         if matches!(self.qp_type, QpType::Rc | QpType::Uc) {

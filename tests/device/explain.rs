@@ -35,6 +35,7 @@ pub const TESTS: &[(&str, TestFn)] = &[
         "explain::success_and_another_qps_completion",
         success_and_other_qp,
     ),
+    ("explain::an_extended_cqs_completion", extended_cq),
 ];
 
 fn caps() -> QpCaps {
@@ -109,7 +110,7 @@ fn wrong_peer_qp(env: &Env) -> Result<(), Failed> {
         x.facts().sgid
     );
     ensure!(
-        !x.names(CauseKind::NoGrhOnRoce) && !x.names(CauseKind::Lid0WithoutGrh),
+        !x.names(CauseKind::NoGrhOnRoce) && !x.names(CauseKind::Lid0OnInfiniBand),
         "a path fault named on a good path:\n{x}"
     );
     // The flush before anything was reclaimed: the QP cannot name the
@@ -291,4 +292,56 @@ fn success_and_other_qp(env: &Env) -> Result<(), Failed> {
     let z = p.b.explain(&WorkCompletion::default());
     ensure!(z.names(CauseKind::OtherQp), "{z}");
     Ok(())
+}
+
+/// A completion read from an extended CQ ([`rdma_verbs::PolledWc`]) is
+/// explained as a basic one: a 64-byte send into a 16-byte receive.
+fn extended_cq(env: &Env) -> Result<(), Failed> {
+    let mut cq = env.ctx.create_cq_ex(16).standard().build()?;
+    let pd = env.ctx.alloc_pd()?;
+    let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq()).caps(caps());
+    let (mut a, mut b) = (pd.create_qp(&attr)?, pd.create_qp(&attr)?);
+    crate::common::connect(env, &mut a, &mut b, AccessFlags::empty())?;
+    let small = pd
+        .alloc_chunks(1, 16, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .ok_or("chunk")?;
+    let big = pd
+        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
+        .pop()
+        .ok_or("chunk")?;
+    b.post_recv([RecvWr::new(1).sge(small)])?;
+    a.post_send([SendWr::new(2, SendOp::Send).sge_len(big, 64)])?;
+    let (start, limit) = (std::time::Instant::now(), crate::common::deadline());
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        if let Some(mut batch) = cq.start_poll()? {
+            while let Some(wc) = batch.next()? {
+                let (own, other) = if wc.qp_num() == b.qp_num() {
+                    (&b, &a)
+                } else {
+                    (&a, &b)
+                };
+                let x = own.explain(&wc);
+                ensure!(x.status() == wc.status(), "{x}");
+                ensure!(other.explain(&wc).names(CauseKind::OtherQp), "{x}");
+                seen.push(x);
+            }
+        }
+        ensure!(start.elapsed() < limit, "{} of 2 completions", seen.len());
+    }
+    let recv = seen
+        .iter()
+        .find(|x| x.status() == Ok(WcStatus::LocLenErr))
+        .ok_or("no LOC_LEN_ERR")?;
+    names(recv, CauseKind::ReceiveTooShort, &["receive"])?;
+    let send = seen
+        .iter()
+        .find(|x| x.status() == Ok(WcStatus::RemInvReqErr))
+        .ok_or("no REM_INV_REQ_ERR")?;
+    names(
+        send,
+        CauseKind::PeerReceiveTooShort,
+        &[&format!("{:#x}", b.qp_num())],
+    )
 }

@@ -73,6 +73,7 @@ fn main() -> std::process::ExitCode {
 /// What rxe lacks before rdma-core 34 (extended QPs and CQs) and 36 (memory
 /// windows); see `common::Need`.
 const NEEDS: &[(&str, Need)] = &[
+    ("explain::an_extended_cqs_completion", Need::ExtendedCq),
     ("ex::", Need::ExtendedQp),
     ("remote_only::", Need::ExtendedQp),
     ("mw::", Need::MemoryWindows),

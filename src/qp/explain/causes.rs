@@ -3,6 +3,7 @@
 use super::{gid_type_name, request_name, status_text, Cause, CauseKind, ExplainFacts};
 use crate::cq::WcStatus;
 use crate::port::PortState;
+use crate::qp::query::QpAttributes;
 use crate::qp::{QpType, RequestKind};
 
 /// The likely causes of a completion of `status` on the QP of `f`.
@@ -107,25 +108,7 @@ fn retry_exceeded(c: &mut Vec<Cause>, f: &ExplainFacts) {
         );
         return;
     };
-    if let (None, Some(p)) = (a.av.grh(), &f.port_attr) {
-        if p.grh_required() {
-            push(
-                c,
-                CauseKind::NoGrhOnRoce,
-                "the path has no GRH (is_global 0) on a RoCE port, which addresses peers by \
-                 GID: give it a GlobalRoute (ConnectOptions::gid_index)"
-                    .to_owned(),
-            );
-        } else if a.av.dest_lid() == 0 {
-            push(
-                c,
-                CauseKind::Lid0WithoutGrh,
-                "the path's DLID is 0 and it has no GRH on an InfiniBand port: LID 0 reaches \
-                 no port (the peer's port had no LID yet: is a subnet manager running?)"
-                    .to_owned(),
-            );
-        }
-    }
+    no_route(c, a, f);
     push(
         c,
         CauseKind::PeerQp,
@@ -136,22 +119,7 @@ fn retry_exceeded(c: &mut Vec<Cause>, f: &ExplainFacts) {
             a.dest_qp_num
         ),
     );
-    if let Some(g) = a.av.grh() {
-        let source = f.sgid.as_ref().map_or(String::new(), |s| {
-            format!(" ({} {})", gid_type_name(s.gid_type), s.gid)
-        });
-        push(
-            c,
-            CauseKind::GidPath,
-            format!(
-                "the GRH goes to GID {} from local GID index {}{source}: a destination that is \
-                 not the peer port's GID, or a source GID of another type than the peer's \
-                 (RoCE v1 against v2, IPv4 against IPv6), never arrives",
-                g.dgid(),
-                g.sgid_index()
-            ),
-        );
-    }
+    gid_path(c, a, f);
     path_mtu(c, f);
     if let Some(t) = a.timeout.duration() {
         let tries = u32::from(a.retry_cnt.get()) + 1;
@@ -165,6 +133,63 @@ fn retry_exceeded(c: &mut Vec<Cause>, f: &ExplainFacts) {
                 t.as_secs_f64() * 1e3,
                 a.retry_cnt.get(),
                 t.as_secs_f64() * 1e3 * f64::from(tries)
+            ),
+        );
+    }
+}
+
+/// The path's own faults: no GRH where the port needs one, or DLID 0 on
+/// InfiniBand (which routes by LID, with or without a GRH).
+fn no_route(c: &mut Vec<Cause>, a: &QpAttributes, f: &ExplainFacts) {
+    let Some(p) = &f.port_attr else { return };
+    if a.av.grh().is_none() && p.grh_required() {
+        let on = if p.is_roce() {
+            "a RoCE port, which addresses peers by GID"
+        } else {
+            "a port flagged IBV_QPF_GRH_REQUIRED"
+        };
+        push(
+            c,
+            CauseKind::NoGrhOnRoce,
+            format!(
+                "the path has no GRH (is_global 0) on {on}: give it a GlobalRoute \
+                 (ConnectOptions::gid_index)"
+            ),
+        );
+    }
+    if !p.is_roce() && a.av.dest_lid() == 0 {
+        let grh = if a.av.grh().is_some() {
+            "a GRH does not replace it"
+        } else {
+            "and the path has no GRH"
+        };
+        push(
+            c,
+            CauseKind::Lid0OnInfiniBand,
+            format!(
+                "the path's DLID is 0 on an InfiniBand port, which routes by LID ({grh}): \
+                 LID 0 reaches no port; the peer's port had no LID when it sent its \
+                 endpoint (is a subnet manager running?)"
+            ),
+        );
+    }
+}
+
+/// The GRH's two GIDs, when the path has one.
+fn gid_path(c: &mut Vec<Cause>, a: &QpAttributes, f: &ExplainFacts) {
+    if let Some(g) = a.av.grh() {
+        let source = f.sgid.as_ref().map_or(String::new(), |s| {
+            format!(" ({} {})", gid_type_name(s.gid_type), s.gid)
+        });
+        push(
+            c,
+            CauseKind::GidPath,
+            format!(
+                "the GRH goes to GID {} from local GID index {}{source}: a destination that is \
+                 not the peer port's GID, or a source GID of another type than the peer's \
+                 (RoCE v1 against v2, IPv4 against IPv6), never arrives",
+                g.dgid(),
+                g.sgid_index()
             ),
         );
     }
@@ -420,7 +445,7 @@ mod tests {
         ExplainFacts {
             qp_num: QpNum::new(0x11).unwrap(),
             qp_type: QpType::Rc,
-            completion_qp_num: QpNum::new(0x11).unwrap(),
+            completion_qp_num: Some(QpNum::new(0x11).unwrap()),
             request: Some(RequestKind::Send),
             known_state: QpState::Err,
             attrs: Some(attrs(av, path_mtu)),
@@ -447,7 +472,7 @@ mod tests {
     const DOWN: u32 = sys::ibv_port_state::IBV_PORT_DOWN;
 
     #[test]
-    fn lid_0_without_grh_on_infiniband_comes_first() {
+    fn lid_0_on_infiniband_comes_first() {
         let f = facts(
             AddressVector::new(1),
             Mtu::Mtu1024,
@@ -461,10 +486,21 @@ mod tests {
         assert_eq!(
             k,
             [
-                CauseKind::Lid0WithoutGrh,
+                CauseKind::Lid0OnInfiniBand,
                 CauseKind::PeerQp,
                 CauseKind::AckTimeout
             ]
+        );
+        // A GRH does not route on InfiniBand: DLID 0 is still named.
+        let dgid: Gid = "fe80::2".parse().unwrap();
+        let av = AddressVector::new(1).global(GlobalRoute::new(dgid, 0));
+        let f = facts(av, Mtu::Mtu1024, port(IB, ACTIVE, Mtu::Mtu4096));
+        let c = of(Ok(WcStatus::RetryExcErr), &f);
+        assert_eq!(c[0].kind(), CauseKind::Lid0OnInfiniBand);
+        assert!(
+            c[0].text().contains("a GRH does not replace it"),
+            "{}",
+            c[0]
         );
         // With a LID, the peer QP comes first.
         let f = facts(
