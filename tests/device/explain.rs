@@ -174,17 +174,23 @@ fn no_receive(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// An RDMA WRITE from `a` to `target` at `offset`, `len` bytes: its one
+/// An RDMA WRITE of `len` bytes from `a` into a region of `b`'s with
+/// `access`, at its start, or (`past_end`) 32 bytes before its end (the
+/// region's length as registered: `Pages` may round it up): its one
 /// completion, a REM_ACCESS_ERR, explained.
 fn write_fails(
     env: &Env,
     access: AccessFlags,
-    region_len: usize,
-    offset: u64,
+    past_end: bool,
     len: usize,
 ) -> Result<Explanation, Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
-    let target = p.pd.register(region_len, access)?;
+    let target = p.pd.register(64, access)?;
+    let offset = if past_end {
+        target.len() as u64 - 32
+    } else {
+        0
+    };
     let src =
         p.pd.alloc_chunks(1, 4096, AccessFlags::LOCAL_WRITE)?
             .pop()
@@ -210,8 +216,7 @@ fn write_without_right(env: &Env) -> Result<(), Failed> {
     let x = write_fails(
         env,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
-        64,
-        0,
+        false,
         16,
     )?;
     names(&x, CauseKind::RemoteRights, &["IBV_ACCESS_REMOTE_WRITE"])?;
@@ -219,10 +224,10 @@ fn write_without_right(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// An RDMA WRITE that runs 32 bytes past a 64-byte region's end.
+/// An RDMA WRITE that runs 32 bytes past a writable region's end.
 fn write_past_end(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    let x = write_fails(env, access, 64, 32, 64)?;
+    let x = write_fails(env, access, true, 64)?;
     names(&x, CauseKind::RemoteRange, &["RemoteAddr", "addr"])?;
     names(&x, CauseKind::StaleRkey, &["rkey"])
 }
