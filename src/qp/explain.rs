@@ -212,21 +212,26 @@ impl QueuePair {
     ///
     /// The facts are read now (`ibv_query_qp`, `ibv_query_port`,
     /// `ibv_query_gid_ex`), not when the request failed: call it soon after
-    /// polling the completion, before the QP is reset or modified. Takes a
-    /// [`WorkCompletion`](crate::WorkCompletion) or an extended CQ's
-    /// [`PolledWc`](crate::PolledWc). A successful completion, or one of
-    /// another QP, is answered with a single cause saying so ([`CauseKind::NotFailed`],
-    /// [`CauseKind::OtherQp`]); a query that fails leaves its facts out and
-    /// says so in [`ExplainFacts::query_errors`]. Never fails.
+    /// polling the completion, before the QP is reset or modified. The
+    /// first failure behind a `IBV_WC_WR_FLUSH_ERR` is the first failed
+    /// completion [reclaimed](Self::reclaim) on the QP since its last
+    /// RESET: reclaim completions in the order they were polled.
+    ///
+    /// Takes a [`WorkCompletion`](crate::WorkCompletion) or an extended
+    /// CQ's [`PolledWc`](crate::PolledWc). A successful completion, or one
+    /// of another QP, is answered with a single cause saying so
+    /// ([`CauseKind::NotFailed`], [`CauseKind::OtherQp`]); a query that
+    /// fails leaves its facts out and says so in
+    /// [`ExplainFacts::query_errors`]. Never fails.
     ///
     /// ```no_run
     /// # fn f(qp: &mut rdma_verbs::QueuePair, cq: &rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
     /// let mut wcs = [rdma_verbs::WorkCompletion::default(); 16];
     /// for wc in cq.poll(&mut wcs)?.iter() {
     ///     if !wc.is_success() {
-    ///         // e.g. "send on RC QP 0x12 failed: transport retry counter
-    ///         // exceeded (IBV_WC_RETRY_EXC_ERR)", then the likely causes:
-    ///         // "no QP 0xff0011 answered at GID ::ffff:10.99.0.2 ..."
+    ///         // e.g. "send-queue request on RC QP 0x12 failed: transport
+    ///         // retry counter exceeded (IBV_WC_RETRY_EXC_ERR)", then the
+    ///         // likely causes: "no QP answered as peer QP 0x13 at GID ..."
     ///         eprintln!("{}", qp.explain(wc));
     ///     }
     ///     qp.reclaim_one(wc);
