@@ -23,18 +23,25 @@ pub(super) fn of(status: Result<WcStatus, u32>, f: &ExplainFacts) -> Vec<Cause> 
         Ok(WcStatus::LocLenErr) => local_length(c, f),
         Ok(WcStatus::RemInvReqErr) => remote_invalid(c, f),
         Ok(WcStatus::LocProtErr | WcStatus::LocAccessErr) => local_buffer(c, f),
-        Ok(WcStatus::LocQpOpErr) => qp_operation(c, f),
+        Ok(WcStatus::LocQpOpErr) => {
+            if matches!(f.request, Some(RequestKind::Recv | RequestKind::SrqRecv)) {
+                // rxe (measured on Linux 6.1) ends a receive shorter than
+                // the message so, where the verbs say LOC_LEN_ERR.
+                receive_too_short(c, f, " (rxe reports that as IBV_WC_LOC_QP_OP_ERR)");
+            }
+            qp_operation(c, f)
+        }
         Ok(WcStatus::WrFlushErr) => flushed(c, f),
-        Ok(WcStatus::RemOpErr) => push(
-            c,
-            CauseKind::PeerResponse,
-            format!(
-                "{} could not carry out the operation: its receive's buffers failed its own \
-                 checks (the peer's receive completes with IBV_WC_LOC_PROT_ERR or \
-                 IBV_WC_LOC_LEN_ERR), or its QP went to ERR",
-                peer(f)
-            ),
-        ),
+        Ok(WcStatus::RemOpErr) => {
+            // rxe (measured on Linux 6.1) answers a send longer than the
+            // receive so, where the verbs say REM_INV_REQ_ERR.
+            peer_receive_too_short(
+                c,
+                f,
+                "IBV_WC_LOC_QP_OP_ERR on rxe, which answers this send with IBV_WC_REM_OP_ERR",
+            );
+            rem_op(c, f)
+        }
         Ok(WcStatus::BadRespErr | WcStatus::RemAbortErr | WcStatus::RespTimeoutErr) => push(
             c,
             CauseKind::PeerResponse,
@@ -82,6 +89,20 @@ fn peer(f: &ExplainFacts) -> String {
         Some(g) => format!("peer QP {:#x} at GID {}", a.dest_qp_num, g.dgid()),
         None => format!("peer QP {:#x} at LID {}", a.dest_qp_num, a.av.dest_lid()),
     }
+}
+
+/// `IBV_WC_REM_OP_ERR`'s general cause.
+fn rem_op(c: &mut Vec<Cause>, f: &ExplainFacts) {
+    push(
+        c,
+        CauseKind::PeerResponse,
+        format!(
+            "{} could not carry out the operation: its receive's buffers failed its own \
+             checks (the peer's receive completes with IBV_WC_LOC_PROT_ERR or \
+             IBV_WC_LOC_LEN_ERR), or its QP went to ERR",
+            peer(f)
+        ),
+    );
 }
 
 /// `IBV_WC_RETRY_EXC_ERR`: nothing answered within timeout x retries.
@@ -287,6 +308,12 @@ fn local_length(c: &mut Vec<Cause>, f: &ExplainFacts) {
         );
         return;
     }
+    receive_too_short(c, f, "");
+}
+
+/// The message was longer than the receive's buffers (`how`: how the
+/// device reported it, if not as the verbs say).
+fn receive_too_short(c: &mut Vec<Cause>, f: &ExplainFacts, how: &str) {
     let len = f
         .recv_bytes
         .map_or(String::new(), |n| format!(" ({n} bytes)"));
@@ -299,8 +326,8 @@ fn local_length(c: &mut Vec<Cause>, f: &ExplainFacts) {
         c,
         CauseKind::ReceiveTooShort,
         format!(
-            "the message that arrived was longer than this {}'s buffers{len}: post receives at \
-             least as long as the peer's longest send{grh}",
+            "the message that arrived was longer than this {}'s buffers{len}{how}: post \
+             receives at least as long as the peer's longest send{grh}",
             request_name(f.request)
         ),
     );
@@ -308,15 +335,7 @@ fn local_length(c: &mut Vec<Cause>, f: &ExplainFacts) {
 
 /// `IBV_WC_REM_INV_REQ_ERR`: the peer refused the request as invalid.
 fn remote_invalid(c: &mut Vec<Cause>, f: &ExplainFacts) {
-    push(
-        c,
-        CauseKind::PeerReceiveTooShort,
-        format!(
-            "the receive {} took this send into was shorter than the send (the peer's receive \
-             completes with IBV_WC_LOC_LEN_ERR)",
-            peer(f)
-        ),
-    );
+    peer_receive_too_short(c, f, "IBV_WC_LOC_LEN_ERR");
     push(
         c,
         CauseKind::PeerRefusedOp,
@@ -324,6 +343,20 @@ fn remote_invalid(c: &mut Vec<Cause>, f: &ExplainFacts) {
          (ConnectOptions::access), an atomic's address not 8-aligned, or a length above the \
          peer port's max_msg_sz"
             .to_owned(),
+    );
+}
+
+/// The peer's receive was shorter than this send; `peer_status`: what
+/// the peer's receive completes with.
+fn peer_receive_too_short(c: &mut Vec<Cause>, f: &ExplainFacts, peer_status: &str) {
+    push(
+        c,
+        CauseKind::PeerReceiveTooShort,
+        format!(
+            "the receive {} took this send into was shorter than the send (the peer's receive \
+             completes with {peer_status})",
+            peer(f)
+        ),
     );
 }
 
@@ -640,5 +673,17 @@ mod tests {
             "{}",
             c[0]
         );
+        // rxe's way of saying the same: LOC_QP_OP_ERR on the receive,
+        // REM_OP_ERR on the send.
+        let k = kinds(WcStatus::LocQpOpErr, &f);
+        assert_eq!(
+            k,
+            [CauseKind::ReceiveTooShort, CauseKind::RequestInvalidForQp]
+        );
+        f.request = Some(RequestKind::Send);
+        let k = kinds(WcStatus::LocQpOpErr, &f);
+        assert_eq!(k, [CauseKind::RequestInvalidForQp]);
+        let k = kinds(WcStatus::RemOpErr, &f);
+        assert_eq!(k, [CauseKind::PeerReceiveTooShort, CauseKind::PeerResponse]);
     }
 }
