@@ -382,19 +382,27 @@ fn local_buffer(c: &mut Vec<Cause>, f: &ExplainFacts) {
 
 /// `IBV_WC_LOC_QP_OP_ERR`: the request does not fit the QP.
 fn qp_operation(c: &mut Vec<Cause>, f: &ExplainFacts) {
-    let caps = f.attrs.as_ref().map_or(String::new(), |a| {
-        format!(
+    let recv = matches!(f.request, Some(RequestKind::Recv | RequestKind::SrqRecv));
+    let caps = f.attrs.as_ref().map_or(String::new(), |a| match recv {
+        true => format!(" (max_recv_sge {})", a.cap.max_recv_sge),
+        false => format!(
             " (max_send_sge {}, max_inline_data {})",
             a.cap.max_send_sge, a.cap.max_inline_data
-        )
+        ),
     });
+    let what = if recv {
+        "more scatter entries than it was created with"
+    } else {
+        "more gather entries or inline bytes than it was created with, a UD message above the \
+         path MTU, an opcode its type does not do, or an address vector the device cannot \
+         resolve"
+    };
     push(
         c,
         CauseKind::RequestInvalidForQp,
         format!(
-            "the request does not fit this {} QP{caps}: more gather entries or inline bytes \
-             than it was created with, a UD message above the path MTU, an opcode its type does \
-             not do, or an address vector the device cannot resolve",
+            "the {} does not fit this {} QP{caps}: {what}",
+            request_name(f.request),
             f.qp_type.short_name()
         ),
     );
