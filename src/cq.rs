@@ -391,7 +391,8 @@ c_enum! {
 
 impl WcStatus {
     /// libibverbs' description of the status (`ibv_wc_status_str`), e.g.
-    /// "transport retry counter exceeded".
+    /// "transport retry counter exceeded". What made it likely for one
+    /// QP's completion: [`QueuePair::explain`](crate::QueuePair::explain).
     #[doc(alias = "ibv_wc_status_str")]
     pub fn message(self) -> &'static str {
         // SAFETY: ibv_wc_status_str returns a pointer to a static, NUL-terminated
@@ -468,6 +469,8 @@ impl WorkCompletion {
     }
 
     /// The status; `Err(raw)` for a status this crate does not know.
+    /// Why a request failed, as far as its QP can tell:
+    /// [`QueuePair::explain`](crate::QueuePair::explain).
     #[inline]
     pub fn status(&self) -> Result<WcStatus, u32> {
         WcStatus::from_raw(self.0.status).ok_or(self.0.status)

@@ -142,7 +142,9 @@ pub use mr::{
 pub use mw::{MemoryWindow, MwBind, MwType};
 pub use pd::ProtectionDomain;
 pub use port::{LinkLayer, Mtu, PortAttr, PortCapFlags, PortFlags, PortState};
-pub use qp::{QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair};
+pub use qp::{
+    Explanation, QpAttributes, QpCaps, QpInitAttr, QpInitAttributes, QpState, QpType, QueuePair,
+};
 pub use remote::RemoteBuf;
 pub use srq::SharedReceiveQueue;
 pub use users::{InUseBy, UserKind};

@@ -290,6 +290,14 @@ impl<F: FieldSet> Completion for PolledWc<'_, F> {
     fn succeeded(&self) -> bool {
         self.is_success()
     }
+    #[inline]
+    fn status_code(&self) -> u32 {
+        self.raw_status()
+    }
+    #[inline]
+    fn vendor_code(&self) -> u32 {
+        self.vendor_err()
+    }
 
     #[inline]
     fn inv_flags(&self) -> Option<WcFlags> {

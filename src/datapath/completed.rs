@@ -26,6 +26,12 @@ pub trait Completion: sealed::Sealed {
     /// Whether the status is success.
     #[doc(hidden)]
     fn succeeded(&self) -> bool;
+    /// The raw status (`enum ibv_wc_status`).
+    #[doc(hidden)]
+    fn status_code(&self) -> u32;
+    /// The `vendor_err` field.
+    #[doc(hidden)]
+    fn vendor_code(&self) -> u32;
     /// The flags, for a completion that carries the immediate/
     /// invalidated-rkey word; `None` when it does not carry it.
     #[doc(hidden)]
@@ -58,6 +64,14 @@ impl Completion for WorkCompletion {
     #[inline]
     fn succeeded(&self) -> bool {
         self.is_success()
+    }
+    #[inline]
+    fn status_code(&self) -> u32 {
+        self.raw().status
+    }
+    #[inline]
+    fn vendor_code(&self) -> u32 {
+        self.vendor_err()
     }
     #[inline]
     fn inv_flags(&self) -> Option<crate::WcFlags> {

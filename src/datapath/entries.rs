@@ -347,6 +347,20 @@ impl Loan {
     }
 
     /// How many owned chunks.
+    /// The bytes a receive's loan offered the device: its buffers are
+    /// whole chunks (or a request's listed lengths); 0 for a receive
+    /// without a buffer; `None` where the loan does not know them (a
+    /// pool's buffer, a send's side entry). Only a receive's loan is
+    /// exact: a send's single entry may have lent part of its chunk.
+    pub(crate) fn recv_bytes(&self) -> Option<u64> {
+        match self {
+            Loan::Empty => Some(0),
+            Loan::One(l) => Some(l.chunk().len() as u64),
+            Loan::Many(e) => Some(e.lens[..e.n].iter().map(|&l| u64::from(l)).sum()),
+            Loan::Side | Loan::Pooled => None,
+        }
+    }
+
     pub(crate) fn owned_count(&self) -> usize {
         match self {
             Loan::One(Lent::Own(_)) => 1,

@@ -163,6 +163,24 @@ impl QpCommon {
     /// so such a completion may be older than one; those and the UD/UC
     /// sends ask the device (and store its answer unless a move was
     /// recorded meanwhile).
+    /// A failed or flushed completion (raw status `status`) of one of this
+    /// QP's requests (`kind`: its queue) was reclaimed: the first failure
+    /// is recorded for [`QueuePair::explain`], and the known state follows
+    /// the device (below).
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, kind: Kind, status: u32) {
+        let k = match kind {
+            Kind::Send => 0,
+            Kind::Recv => 1,
+            Kind::Srq => 2,
+        };
+        self.known.note_failure(status, k);
+        if self.state() != QpState::Err {
+            self.device_failed(kind);
+        }
+    }
+
     #[cold]
     #[inline(never)]
     fn device_failed(&self, kind: Kind) {
@@ -362,8 +380,8 @@ impl<'q> SendHalf<'q> {
     ) -> usize {
         let ok = wc.succeeded();
         let n = self.q.complete::<QUIET>(tag, ok, &mut on);
-        if n > 0 && !ok && self.qp.state() != QpState::Err {
-            self.qp.device_failed(Kind::Send);
+        if n > 0 && !ok {
+            self.qp.failed(Kind::Send, wc.status_code());
         }
         n
     }
@@ -551,8 +569,8 @@ impl<'q> RecvHalf<'q> {
         if let Some(rkey) = crate::mw::peer_invalidated(ctx, wc, connected) {
             crate::mw::invalidated_by_peer(ctx, rkey);
         }
-        if !wc.succeeded() && self.qp.state() != QpState::Err {
-            self.qp.device_failed(kind);
+        if !wc.succeeded() {
+            self.qp.failed(kind, wc.status_code());
         }
     }
 

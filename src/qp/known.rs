@@ -45,12 +45,22 @@ const SEND_LOCKED: u64 = 0x80;
 pub(crate) struct Known {
     /// `generation << 8 | SEND_LOCKED? | state`.
     word: AtomicU64,
+    /// The first failed completion (other than a flush) reclaimed since
+    /// the QP was created or last moved to RESET, for
+    /// [`QueuePair::explain`](super::QueuePair::explain): 0 for none, else
+    /// `FAILED | kind << 32 | status`. Written only on a failure's cold
+    /// path, read only by `explain`.
+    failure: AtomicU64,
 }
+
+/// The mark of a recorded failure in [`Known::failure`].
+const FAILED: u64 = 1 << 63;
 
 impl Known {
     pub(crate) fn new(state: QpState) -> Arc<Self> {
         Arc::new(Known {
             word: AtomicU64::new(u64::from(state.as_raw()) & STATE),
+            failure: AtomicU64::new(0),
         })
     }
 
@@ -95,12 +105,38 @@ impl Known {
     /// Records a move made by (or proved to) the crate, with a new
     /// generation (the send-queue lock is not a move: it stays).
     pub(crate) fn set(&self, state: QpState) {
+        if state == QpState::Reset {
+            // RESET forgets the requests, and with them their failures.
+            self.failure.store(0, Ordering::Relaxed);
+        }
         let s = u64::from(state.as_raw()) & STATE;
         let _ = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 Some(((w >> 8).wrapping_add(1) << 8) | (w & SEND_LOCKED) | s)
             });
+    }
+
+    /// Records a failed completion's `status` (a raw `ibv_wc_status`) and
+    /// the kind of queue its request was on (`kind`: 0 send, 1 receive, 2
+    /// SRQ receive), unless an earlier failure is recorded or it is a
+    /// flush (which only follows a failure).
+    #[cold]
+    pub(crate) fn note_failure(&self, status: u32, kind: u8) {
+        if status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+            return;
+        }
+        let v = FAILED | u64::from(kind) << 32 | u64::from(status);
+        let _ = self
+            .failure
+            .compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The failure [`note_failure`](Self::note_failure) recorded: its raw
+    /// status and kind.
+    pub(crate) fn first_failure(&self) -> Option<(u32, u8)> {
+        let v = self.failure.load(Ordering::Relaxed);
+        (v & FAILED != 0).then_some((v as u32, (v >> 32) as u8))
     }
 
     /// The device may have moved the QP on its own: reads its state with
@@ -377,6 +413,24 @@ mod tests {
             k.unlock_sends();
             assert!(k.sends() && !k.sends_locked());
         }
+    }
+
+    #[test]
+    fn the_first_failure_is_kept_until_reset() {
+        let k = Known::new(QpState::Rts);
+        assert_eq!(k.first_failure(), None);
+        let flush = sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+        let retry = sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR;
+        let len = sys::ibv_wc_status::IBV_WC_LOC_LEN_ERR;
+        k.note_failure(flush, 1);
+        assert_eq!(k.first_failure(), None, "a flush is no first failure");
+        k.note_failure(retry, 0);
+        k.note_failure(len, 1);
+        assert_eq!(k.first_failure(), Some((retry, 0)));
+        k.set(QpState::Err);
+        assert_eq!(k.first_failure(), Some((retry, 0)));
+        k.set(QpState::Reset);
+        assert_eq!(k.first_failure(), None);
     }
 
     #[test]

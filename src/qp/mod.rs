@@ -41,6 +41,7 @@
 //! |---|---|---|
 //! | create, close | [`new`](QueuePair::new) ([`ProtectionDomain::create_qp`]), [`close`](QueuePair::close), [`close_and_reclaim`](QueuePair::close_and_reclaim) | `qp/mod.rs`, `datapath/reclaim.rs` |
 //! | facts | [`qp_num`](QueuePair::qp_num), [`qp_type`](QueuePair::qp_type), [`caps`](QueuePair::caps), [`pd`](QueuePair::pd), [`srq`](QueuePair::srq), [`send_ops`](QueuePair::send_ops), [`as_raw`](QueuePair::as_raw) | `qp/mod.rs`, `datapath/ex.rs` |
+//! | why a completion failed | [`explain`](QueuePair::explain) ([`Explanation`]) | `qp/explain.rs`, `qp/explain/causes.rs` |
 //! | state machine | [`state`](QueuePair::state), [`port`](QueuePair::port), [`modify`](QueuePair::modify), [`modify_unchecked`](QueuePair::modify_unchecked), [`resync`](QueuePair::resync), [`wait_sq_drained`](QueuePair::wait_sq_drained), [`query`](QueuePair::query), [`query_state`](QueuePair::query_state), [`reset`](QueuePair::reset) | `qp/modify.rs`, `qp/query.rs`, `datapath/reclaim.rs` |
 //! | bring-up | [`local_endpoint`](QueuePair::local_endpoint), [`connect`](QueuePair::connect), [`bring_up_ud`](QueuePair::bring_up_ud), [`bring_up_raw_packet`](QueuePair::bring_up_raw_packet); typed: [`Qp`] | `qp/connect.rs`, `qp/bring_up.rs`, `qp/typed.rs` |
 //! | post | [`post_send`](QueuePair::post_send), [`post_recv`](QueuePair::post_recv), [`post_recv_one`](QueuePair::post_recv_one), [`post_template`](QueuePair::post_template), [`post_template_one`](QueuePair::post_template_one), [`send_template`](QueuePair::send_template), [`template_source_mut`](QueuePair::template_source_mut), [`start_batch`](QueuePair::start_batch); raw: [`post_send_raw`](QueuePair::post_send_raw), [`post_recv_raw`](QueuePair::post_recv_raw) | `datapath/post.rs`, `datapath/post/recv.rs`, `datapath/template.rs`, `datapath/ex.rs` |
@@ -76,6 +77,7 @@
 mod attr;
 mod bring_up;
 mod connect;
+mod explain;
 pub(crate) mod known;
 mod mask;
 mod modify;
@@ -89,6 +91,7 @@ mod values;
 pub use crate::remote::RemoteBuf;
 pub use attr::QpAttr;
 pub use connect::{ConnectOptions, Endpoint};
+pub use explain::{Cause, CauseKind, ExplainFacts, Explanation};
 pub(crate) use known::{Known, QpRegistry};
 pub use mask::QpAttrMask;
 pub use query::{QpAttributes, QpInitAttributes};

@@ -18,6 +18,7 @@ mod cq_route;
 mod data;
 mod endpoint_cache;
 mod ex;
+mod explain;
 mod halves_model;
 mod in_use;
 mod modify;
@@ -67,6 +68,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(endpoint_cache::TESTS);
     tests.extend_from_slice(wait::TESTS);
     tests.extend_from_slice(cq_route::TESTS);
+    tests.extend_from_slice(explain::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]
@@ -79,6 +81,7 @@ fn main() -> std::process::ExitCode {
 /// What rxe lacks before rdma-core 34 (extended QPs and CQs) and 36 (memory
 /// windows); see `common::Need`.
 const NEEDS: &[(&str, Need)] = &[
+    ("explain::an_extended_cqs_completion", Need::ExtendedCq),
     ("ex::", Need::ExtendedQp),
     ("remote_only::", Need::ExtendedQp),
     ("mw::", Need::MemoryWindows),
