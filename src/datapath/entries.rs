@@ -346,7 +346,6 @@ impl Loan {
         }
     }
 
-    /// How many owned chunks.
     /// The bytes a receive's loan offered the device: its buffers are
     /// whole chunks (or a request's listed lengths); 0 for a receive
     /// without a buffer; `None` where the loan does not know them (a
@@ -361,6 +360,7 @@ impl Loan {
         }
     }
 
+    /// How many owned chunks.
     pub(crate) fn owned_count(&self) -> usize {
         match self {
             Loan::One(Lent::Own(_)) => 1,

@@ -151,18 +151,6 @@ impl QpCommon {
         wc.local_qp_num().is_none_or(|n| n == self.qp_num())
     }
 
-    /// A failed or flushed completion of one of this QP's requests was
-    /// reclaimed (`kind`: its queue): the device moved the QP, and the
-    /// known state follows.
-    ///
-    /// A flush happens only in ERR, and an error moves the QP to ERR,
-    /// except a send's on UD or UC, which the verbs move to SQE (rxe: ERR).
-    /// The request was outstanding, so the QP was not reset since it was
-    /// posted, and ERR has no way out but RESET: for the QP's own queues
-    /// ERR still holds. Receives of the QP's SRQ outlive a RESET of the QP,
-    /// so such a completion may be older than one; those and the UD/UC
-    /// sends ask the device (and store its answer unless a move was
-    /// recorded meanwhile).
     /// A failed or flushed completion (raw status `status`) of one of this
     /// QP's requests (`kind`: its queue) was reclaimed: the first failure
     /// is recorded for [`QueuePair::explain`], and the known state follows
@@ -181,6 +169,18 @@ impl QpCommon {
         }
     }
 
+    /// A failed or flushed completion of one of this QP's requests was
+    /// reclaimed (`kind`: its queue): the device moved the QP, and the
+    /// known state follows.
+    ///
+    /// A flush happens only in ERR, and an error moves the QP to ERR,
+    /// except a send's on UD or UC, which the verbs move to SQE (rxe: ERR).
+    /// The request was outstanding, so the QP was not reset since it was
+    /// posted, and ERR has no way out but RESET: for the QP's own queues
+    /// ERR still holds. Receives of the QP's SRQ outlive a RESET of the QP,
+    /// so such a completion may be older than one; those and the UD/UC
+    /// sends ask the device (and store its answer unless a move was
+    /// recorded meanwhile).
     #[cold]
     #[inline(never)]
     fn device_failed(&self, kind: Kind) {
