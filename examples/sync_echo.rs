@@ -42,11 +42,15 @@
 //! The server, at exit: `sync_echo: served 8 connections, 800 messages`.
 //! Exit status 1 on any failure, 2 on a bad command line.
 
+#[path = "common/echo_opts.rs"]
+mod echo_opts;
 #[path = "common/time.rs"]
 mod time;
 
+use echo_opts::{parse, Opts};
+
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -63,70 +67,9 @@ type Res<T> = Result<T, String>;
 /// Receives a server connection keeps posted.
 const SERVER_RECVS: usize = 8;
 
-#[derive(Debug, Clone)]
-struct Opts {
-    host: Option<String>,
-    port: u16,
-    bind: IpAddr,
-    connections: usize,
-    iters: u32,
-    size: usize,
-    exit_after: Option<u64>,
-}
-
-const USAGE: &str = "usage: sync_echo [-p PORT] [-b ADDR] [-s SIZE] [-x N]        (server)
-       sync_echo [-p PORT] [-c CONNECTIONS] [-n ITERS] [-s SIZE] HOST   (client)";
-
-fn parse(args: &[String]) -> Res<Opts> {
-    let mut o = Opts {
-        host: None,
-        port: 7472,
-        bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        connections: 100,
-        iters: 100,
-        size: 64,
-        exit_after: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
-            _ => (a.as_str(), None),
-        };
-        let mut value = |what: &str| -> Res<String> {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or(format!("{what} needs a value\n{USAGE}"))
-        };
-        fn num<T: std::str::FromStr>(v: &str, what: &str) -> Res<T> {
-            v.parse().map_err(|_| format!("bad {what}: {v:?}\n{USAGE}"))
-        }
-        match name {
-            "-p" | "--port" => o.port = num(&value(name)?, "port")?,
-            "-b" | "--bind" => o.bind = num(&value(name)?, "address")?,
-            "-c" | "--connections" => o.connections = num(&value(name)?, "connection count")?,
-            "-n" | "--iters" => o.iters = num(&value(name)?, "iteration count")?,
-            "-s" | "--size" => o.size = num(&value(name)?, "size")?,
-            "-x" | "--exit-after" => o.exit_after = Some(num(&value(name)?, "connection count")?),
-            "-h" | "--help" => return Err(USAGE.to_owned()),
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            host if o.host.is_none() => o.host = Some(host.to_owned()),
-            extra => return Err(format!("unexpected argument {extra:?}\n{USAGE}")),
-        }
-    }
-    if !(8..=4096).contains(&o.size) {
-        return Err(format!("size {} is outside 8..=4096\n{USAGE}", o.size));
-    }
-    if o.connections == 0 || o.iters == 0 {
-        return Err(format!("-c and -n must be at least 1\n{USAGE}"));
-    }
-    Ok(o)
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match parse(&args) {
+    let o = match parse("sync_echo", &args) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("sync_echo: {e}");

@@ -12,7 +12,6 @@
 #[macro_use]
 mod common;
 
-use std::net::IpAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -34,34 +33,10 @@ fn limit() -> Duration {
     common::deadline() * 6
 }
 
-/// Starts the server on `ip:port`, exiting after `n` connections, and
-/// waits until it listens.
-fn server(ip: IpAddr, port: u16, n: u32) -> Result<std::process::Child, Failed> {
-    let mut child = procs::spawn(Command::new(rust_example("async_echo")?).args([
-        "-b",
-        &ip.to_string(),
-        "-p",
-        &port.to_string(),
-        "-x",
-        &n.to_string(),
-    ]))?;
-    let want = format!("{ip}:{port}");
-    let listening = |w: &[&str]| {
-        w.windows(2).any(|p| p == ["state", "LISTEN"])
-            && w.windows(2).any(|p| p[0] == "src-addr" && p[1] == want)
-    };
-    if let Err(e) = common::wait_for_cm_id(&mut child, "the async_echo server", listening) {
-        let _ = child.kill();
-        let ran = procs::finish(child, Duration::ZERO)?;
-        return Err(format!("{e:?}\nserver: {}", ran.merged()).into());
-    }
-    Ok(child)
-}
-
 fn hundred_clients(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let port = 7480;
-    let srv = server(ip, port, 100)?;
+    let srv = common::echo_server("async_echo", ip, port, 100)?;
     let client = procs::spawn(Command::new(rust_example("async_echo")?).args([
         "-p",
         &port.to_string(),
@@ -119,24 +94,5 @@ fn no_server(env: &Env) -> Result<(), Failed> {
 }
 
 fn bad_command_lines(_env: &Env) -> Result<(), Failed> {
-    for args in [
-        &["-s", "4"][..],
-        &["-s", "5000"],
-        &["-c", "0", "host"],
-        &["-n", "x", "host"],
-        &["--bogus"],
-        &["a", "b"],
-        &["-p"],
-    ] {
-        let out = Command::new(rust_example("async_echo")?)
-            .args(args)
-            .output()?;
-        let err = String::from_utf8_lossy(&out.stderr);
-        ensure!(
-            out.status.code() == Some(2) && err.contains("usage: async_echo"),
-            "{args:?}: {:?} {err}",
-            out.status.code()
-        );
-    }
-    Ok(())
+    common::echo_bad_command_lines("async_echo")
 }

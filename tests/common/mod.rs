@@ -659,3 +659,59 @@ pub fn port_gid(env: &Env) -> Result<(rdma_verbs::Gid, u8), Failed> {
         .ok_or("no GID on the test port")?;
     Ok((e.gid, e.index as u8))
 }
+
+/// Starts the echo example `example` (`async_echo`, `sync_echo`) as a
+/// server on `ip:port`, exiting after `n` connections, and waits until its
+/// CM id listens.
+pub fn echo_server(
+    example: &str,
+    ip: std::net::IpAddr,
+    port: u16,
+    n: u32,
+) -> Result<std::process::Child, Failed> {
+    let mut child = procs::spawn(std::process::Command::new(rust_example(example)?).args([
+        "-b",
+        &ip.to_string(),
+        "-p",
+        &port.to_string(),
+        "-x",
+        &n.to_string(),
+    ]))?;
+    let want = format!("{ip}:{port}");
+    let listening = |w: &[&str]| {
+        w.windows(2).any(|p| p == ["state", "LISTEN"])
+            && w.windows(2).any(|p| p[0] == "src-addr" && p[1] == want)
+    };
+    let what = format!("the {example} server");
+    if let Err(e) = wait_for_cm_id(&mut child, &what, listening) {
+        let _ = child.kill();
+        let ran = procs::finish(child, std::time::Duration::ZERO)?;
+        return Err(format!("{e:?}\nserver: {}", ran.merged()).into());
+    }
+    Ok(child)
+}
+
+/// Runs the echo example `example` with bad command lines: each exits 2
+/// with its usage.
+pub fn echo_bad_command_lines(example: &str) -> Result<(), Failed> {
+    for args in [
+        &["-s", "4"][..],
+        &["-s", "5000"],
+        &["-c", "0", "host"],
+        &["-n", "x", "host"],
+        &["--bogus"],
+        &["a", "b"],
+        &["-p"],
+    ] {
+        let out = std::process::Command::new(rust_example(example)?)
+            .args(args)
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(2) && err.contains(&format!("usage: {example}")),
+            "{args:?}: {:?} {err}",
+            out.status.code()
+        );
+    }
+    Ok(())
+}
