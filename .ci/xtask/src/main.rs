@@ -1,10 +1,12 @@
 //! `xtask`: the logic of `.ci/` that is not starting a VM or a guest.
 //!
 //! Each subcommand reads files or standard input and prints lines; the shell
-//! scripts of `.ci/` call it through `xtask` in `.ci/vm-common`.
+//! scripts of `.ci/` call it through `xtask` in `.ci/vm-common` (on the host,
+//! which builds it on first use) or `"$RDMA_VERBS_XTASK"` (in a guest).
 //!
 //! | subcommand | module | what it does |
 //! |---|---|---|
+//! | `scale SECONDS` | here | SECONDS times `RDMA_VERBS_TIME_SCALE`, rounded |
 //! | `tests ...` | [`tests`] | test lists, a run's results and summary lines |
 //! | `packages ...` | [`packages`] | Debian package indexes |
 //! | `bench ...` | [`bench`] | the bench's statistics and tables |
@@ -18,10 +20,11 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: xtask tests|packages|bench ...");
+        eprintln!("usage: xtask scale|tests|packages|bench ...");
         return ExitCode::from(2);
     };
     let result = match cmd.as_str() {
+        "scale" => scale(rest),
         "tests" => tests::main(rest),
         "packages" => packages::main(rest),
         "bench" => bench::main(rest),
@@ -32,6 +35,48 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("xtask {cmd}: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `xtask scale SECONDS`: a deadline stretched by `RDMA_VERBS_TIME_SCALE`
+/// (default 1; a value that is not a positive number counts as 1), rounded
+/// to whole seconds.
+fn scale(args: &[String]) -> Result<ExitCode, String> {
+    let [secs] = args else {
+        return Err("usage: xtask scale SECONDS".into());
+    };
+    let secs: f64 = secs
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {secs:?}"))?;
+    let factor = std::env::var("RDMA_VERBS_TIME_SCALE").ok();
+    println!("{}", scaled(secs, factor.as_deref()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn scaled(secs: f64, factor: Option<&str>) -> u64 {
+    let f = factor
+        .and_then(|f| f.trim().parse::<f64>().ok())
+        .filter(|f| f.is_finite() && *f > 0.0)
+        .unwrap_or(1.0);
+    (secs * f).round() as u64
+}
+
+#[cfg(test)]
+mod unit {
+    use super::scaled;
+
+    #[test]
+    fn scale_multiplies_and_rounds() {
+        assert_eq!(scaled(120.0, None), 120);
+        assert_eq!(scaled(120.0, Some("2.5")), 300);
+        assert_eq!(scaled(7.0, Some("1.5")), 11);
+    }
+
+    #[test]
+    fn a_bad_scale_counts_as_one() {
+        for f in ["0", "-2", "x", "", "NaN", "inf"] {
+            assert_eq!(scaled(300.0, Some(f)), 300, "{f:?}");
         }
     }
 }
