@@ -550,12 +550,6 @@ impl WorkCompletion {
         crate::qp::QpNum::truncate(self.0.qp_num)
     }
 
-    /// The raw `qp_num` field (the ledger's routing check).
-    #[inline]
-    pub(crate) fn raw_qp_num(&self) -> u32 {
-        self.0.qp_num
-    }
-
     /// `src_qp`: the sender's QP number (UD receives; meaningless for
     /// other completions). The field is 24 bits wide on the wire, so only
     /// the low 24 bits of what the provider wrote are kept.

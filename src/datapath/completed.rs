@@ -59,7 +59,7 @@ impl Completion for WorkCompletion {
     }
     #[inline]
     fn local_qp_num(&self) -> Option<u32> {
-        Some(self.raw_qp_num())
+        Some(self.raw().qp_num)
     }
     #[inline]
     fn succeeded(&self) -> bool {
