@@ -8,10 +8,14 @@
 //! |---|---|---|
 //! | `scale SECONDS` | here | SECONDS times `RDMA_VERBS_TIME_SCALE`, rounded |
 //! | `tests ...` | [`tests`] | test lists, a run's results and summary lines |
-//! | `packages ...` | [`packages`] | Debian package indexes |
 //! | `bench ...` | [`bench`] | the bench's statistics and tables |
+//! | `cargo ...` | [`cargo`] | fields of cargo's JSON (target folder, build script output, test executables) |
+//! | `packages ...` | [`packages`] | Debian's package indexes (`.ci/rdma-core-prefix`) |
+//! | `udp-ports N` | here | N free UDP ports on 127.0.0.1 (`.ci/hosts`' link) |
 
 mod bench;
+mod cargo;
+mod json;
 mod packages;
 mod tests;
 
@@ -20,7 +24,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: xtask scale|tests|packages|bench ...");
+        eprintln!("usage: xtask scale|tests|packages|bench|cargo|udp-ports ...");
         return ExitCode::from(2);
     };
     let result = match cmd.as_str() {
@@ -28,6 +32,8 @@ fn main() -> ExitCode {
         "tests" => tests::main(rest),
         "packages" => packages::main(rest),
         "bench" => bench::main(rest),
+        "cargo" => cargo::main(rest),
+        "udp-ports" => udp_ports(rest),
         other => Err(format!("unknown subcommand {other:?}")),
     };
     match result {
@@ -51,6 +57,26 @@ fn scale(args: &[String]) -> Result<ExitCode, String> {
         .map_err(|_| format!("not a number of seconds: {secs:?}"))?;
     let factor = std::env::var("RDMA_VERBS_TIME_SCALE").ok();
     println!("{}", scaled(secs, factor.as_deref()));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `xtask udp-ports N`: N UDP ports on 127.0.0.1 that nothing uses now (the
+/// kernel picks them; they are free again when this exits), on one line.
+fn udp_ports(args: &[String]) -> Result<ExitCode, String> {
+    let n: usize = match args {
+        [n] => n.parse().map_err(|_| format!("not a count: {n:?}"))?,
+        _ => return Err("usage: xtask udp-ports N".into()),
+    };
+    let sockets = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("binding a UDP socket: {e}"))?;
+    let ports = sockets
+        .iter()
+        .map(|s| s.local_addr().map(|a| a.port().to_string()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    println!("{}", ports.join(" "));
     Ok(ExitCode::SUCCESS)
 }
 
