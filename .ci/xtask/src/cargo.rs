@@ -124,27 +124,22 @@ fn executable(messages: &[Value], target: &str) -> Option<String> {
 
 #[cfg(test)]
 mod unit {
-    use super::*;
-
-    const MESSAGES: &str = include_str!("../tests/samples/cargo-messages.json");
-    const METADATA: &str = include_str!("../tests/samples/cargo-metadata.json");
+    use super::{executable, messages, metadata_field, out_dir, test_executables};
 
     #[test]
     fn metadata_gives_the_target_folder_and_rust_version() {
+        const METADATA: &str = include_str!("../tests/samples/cargo-metadata.json");
+        let field = |name| metadata_field(METADATA, name).unwrap();
         assert_eq!(
-            metadata_field(METADATA, "target_directory")
-                .unwrap()
-                .as_deref(),
+            field("target_directory").as_deref(),
             Some("/tmp/hB/rv/target")
         );
-        assert_eq!(
-            metadata_field(METADATA, "rust_version").unwrap().as_deref(),
-            Some("1.83")
-        );
+        assert_eq!(field("rust_version").as_deref(), Some("1.83"));
     }
 
     #[test]
     fn messages_give_out_dir_and_executables() {
+        const MESSAGES: &str = include_str!("../tests/samples/cargo-messages.json");
         let m = messages(&format!("a build script's line\n{MESSAGES}"));
         let out = out_dir(&m, "rdma-verbs").unwrap();
         assert!(

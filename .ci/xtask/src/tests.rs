@@ -167,29 +167,40 @@ fn used_suppressions(res: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// For unit tests: `f` on a new folder that holds `files` (name, text),
+/// removed afterwards.
+#[cfg(test)]
+pub fn with_folder<T>(name: &str, files: &[(&str, &str)], f: impl FnOnce(&Path) -> T) -> T {
+    let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    let result = f(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+    result
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;
 
     #[test]
     fn a_results_folder_is_read_as_the_shell_wrote_it() {
-        let res = std::env::temp_dir().join(format!("xtask-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&res).unwrap();
         let vg = include_str!("../tests/samples/valgrind-one-error.vg.log");
         let ok = "test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 68.68s\n";
-        for (name, text) in [
+        let files = [
             ("1.log", ok),
             ("1.status", "97\n"),
             ("1.vg.log", vg),
             ("2.log", "running 5 tests\n"),
-        ] {
-            std::fs::write(res.join(name), text).unwrap();
-        }
+        ];
         let list =
             "/p/target/debug/deps/alloc-1\t/p\t\n/p/target/debug/deps/leaks-2\t/p\t-drop::\n";
-        let exes = exe_results(list, &res, true);
-        let (out, ok) = summary::lines("valgrind-vm", &exes, true, &used_suppressions(&res));
-        std::fs::remove_dir_all(&res).unwrap();
+        let (out, ok) = with_folder("tests", &files, |res| {
+            let exes = exe_results(list, res, true);
+            summary::lines("valgrind-vm", &exes, true, &used_suppressions(res))
+        });
         let want = [
             "",
             "valgrind-vm: 6 passed, 0 failed, 0 skipped; valgrind: 1 errors (3 suppressed)",
@@ -197,7 +208,6 @@ mod unit {
             "  FAILED: target/debug/deps/alloc-1 (1 valgrind errors)",
             "  FAILED: target/debug/deps/leaks-2 -drop:: (no valgrind summary; status: did not finish)",
         ];
-        assert_eq!(out, want);
-        assert!(!ok);
+        assert_eq!((out, ok), (want.map(String::from).to_vec(), false));
     }
 }

@@ -74,27 +74,26 @@ mod unit {
             .path
     }
 
+    /// The list's line of `target`'s executable, with `tail` after its folder.
+    fn line(target: &str, tail: &str) -> String {
+        format!("{}\t/tmp/hB/rv{tail}", exe_of(target))
+    }
+
     #[test]
     fn everything_but_hosts_by_default() {
         let (out, notes) = lines(&built(), "").unwrap();
-        let want = [
-            format!("{}\t/tmp/hB/rv", exe_of("rdma_verbs")),
-            format!("{}\t/tmp/hB/rv", exe_of("device")),
-        ];
-        assert_eq!(out, want);
-        assert_eq!(
-            notes,
-            ["vm: hosts runs in two VMs (.ci/vm hosts tests), not here"]
-        );
+        assert_eq!(out, [line("rdma_verbs", ""), line("device", "")]);
+        let note = "vm: hosts runs in two VMs (.ci/vm hosts tests), not here";
+        assert_eq!(notes, [note]);
     }
 
     #[test]
     fn a_selection_keeps_its_order_and_filters() {
         let (out, _) = lines(&built(), "hosts device=round_trip:: rdma_verbs=-x").unwrap();
         let want = [
-            format!("{}\t/tmp/hB/rv\t", exe_of("hosts")),
-            format!("{}\t/tmp/hB/rv\tround_trip::", exe_of("device")),
-            format!("{}\t/tmp/hB/rv\t-x", exe_of("rdma_verbs")),
+            line("hosts", "\t"),
+            line("device", "\tround_trip::"),
+            line("rdma_verbs", "\t-x"),
         ];
         assert_eq!(out, want);
     }

@@ -26,23 +26,15 @@ pub fn lines(which: Which, logs: &Path) -> (Vec<String>, bool) {
     let results = read_lossy(&logs.join("results")).unwrap_or_default();
     let passed = !results.lines().any(|l| l.starts_with("FAILED"));
     let mut out: Vec<String> = results.lines().map(|l| format!("  {l}")).collect();
-    let verdict = match which {
-        Which::Run => {
-            out.extend(run_test_lines(logs));
-            if passed {
-                "ci: all steps passed".to_owned()
-            } else {
-                format!("ci: FAILED (logs in {})", logs.display())
-            }
-        }
-        Which::Matrix => {
-            out.extend(matrix_test_lines(logs));
-            if passed {
-                "matrix: all parts passed".to_owned()
-            } else {
-                format!("matrix: FAILED (logs in {})", logs.display())
-            }
-        }
+    let (test_lines, who, all_passed) = match which {
+        Which::Run => (run_test_lines(logs), "ci", "all steps passed"),
+        Which::Matrix => (matrix_test_lines(logs), "matrix", "all parts passed"),
+    };
+    out.extend(test_lines);
+    let verdict = if passed {
+        format!("{who}: {all_passed}")
+    } else {
+        format!("{who}: FAILED (logs in {})", logs.display())
     };
     out.push(verdict);
     if which == Which::Run {
@@ -152,6 +144,7 @@ fn matrix_test_lines(logs: &Path) -> Vec<String> {
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::tests::with_folder;
 
     /// The samples' expected summaries are what the shell code this replaced
     /// printed for the same folders (a failed run's logs of `.ci/run`, cut
@@ -168,23 +161,20 @@ mod unit {
 
     #[test]
     fn a_passing_run_says_so() {
-        let logs = std::env::temp_dir().join(format!("xtask-steps-{}", std::process::id()));
-        std::fs::create_dir_all(&logs).unwrap();
-        std::fs::write(logs.join("results"), "ok      fmt (2s)\n").unwrap();
-        std::fs::write(
-            logs.join("readme-test.log"),
-            "device-vm: 546 passed, 0 failed, 0 skipped\n",
-        )
-        .unwrap();
-        let (out, passed) = lines(Which::Run, &logs);
-        std::fs::remove_dir_all(&logs).unwrap();
+        let files = [
+            ("results", "ok      fmt (2s)\n"),
+            (
+                "readme-test.log",
+                "device-vm: 546 passed, 0 failed, 0 skipped\n",
+            ),
+        ];
+        let (out, passed) = with_folder("steps", &files, |logs| lines(Which::Run, logs));
         let want = [
             "  ok      fmt (2s)",
             "  device-vm: 546 passed, 0 failed, 0 skipped",
             "ci: all steps passed",
             "device-tests: 546 passed, 0 failed, 0 skipped",
         ];
-        assert_eq!(out, want);
-        assert!(passed);
+        assert_eq!((out, passed), (want.map(String::from).to_vec(), true));
     }
 }
