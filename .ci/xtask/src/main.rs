@@ -10,10 +10,10 @@
 //! | subcommand | module | what it does |
 //! |---|---|---|
 //! | `scale SECONDS` | here | SECONDS times `RDMA_VERBS_TIME_SCALE`, rounded (every deadline of `.ci`) |
-//! | `tests ...` | [`tests`] | `.ci/vm test`'s list of executables, its results and closing lines; `.ci/run`'s and `.ci/matrix`'s summaries |
+//! | `tests ...` | [`tests`](mod@tests) | `.ci/vm test`'s list of executables, its results and closing lines; `.ci/run`'s and `.ci/matrix`'s summaries |
 //! | `cargo ...` | [`cargo`] | fields of cargo's JSON (target folder, build script output, test executables, rust-version) |
 //! | `packages ...` | [`packages`] | Debian's package indexes (`.ci/rdma-core-prefix`) |
-//! | `bench ...` | [`bench`] | the bench's statistics and tables |
+//! | `bench ...` | [`bench`](mod@bench) | the bench's statistics and tables |
 //! | `udp-ports N` | here | N free UDP ports on 127.0.0.1 (`.ci/hosts`' link) |
 //!
 //! ## How the scripts call it
