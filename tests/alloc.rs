@@ -29,7 +29,7 @@ use rdma_verbs::{
     WorkCompletion,
 };
 
-use common::{Env, TestFn};
+use common::{Env, Test};
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -68,31 +68,13 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-const TESTS: &[(&str, TestFn)] = &[
-    (
-        "alloc::steady_state_posting_and_polling_allocate_nothing",
-        steady_state,
-    ),
-    (
-        "alloc::a_successful_modify_allocates_nothing",
-        modify_success_path,
-    ),
-    (
-        "alloc::steady_state_batches_allocate_nothing",
-        steady_state_batches,
-    ),
-    (
-        "alloc::steady_state_templates_allocate_nothing",
-        steady_state_templates,
-    ),
-    (
-        "alloc::steady_state_post_recv_one_allocates_nothing",
-        steady_state_recv_one,
-    ),
-    (
-        "alloc::steady_state_recv_buffers_allocate_nothing",
-        steady_state_recv_buffers,
-    ),
+const TESTS: &[Test] = tests![
+    steady_state_posting_and_polling_allocate_nothing,
+    a_successful_modify_allocates_nothing,
+    steady_state_batches_allocate_nothing,
+    steady_state_templates_allocate_nothing,
+    steady_state_post_recv_one_allocates_nothing,
+    steady_state_recv_buffers_allocate_nothing,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -101,7 +83,7 @@ fn main() -> std::process::ExitCode {
         "alloc",
         TESTS,
         &[(
-            "alloc::steady_state_batches_allocate_nothing",
+            "steady_state_batches_allocate_nothing",
             common::Need::ExtendedQp,
         )],
     )
@@ -160,7 +142,7 @@ fn connected_pair(
     Ok((pd, cq, a, b))
 }
 
-fn steady_state(env: &Env) -> Result<(), Failed> {
+fn steady_state_posting_and_polling_allocate_nothing(env: &Env) -> Result<(), Failed> {
     let (pd, cq, mut a, mut b) = connected_pair(env, AccessFlags::empty())?;
 
     // Fixed homes for the chunks between rounds: no Vec pushes.
@@ -292,7 +274,7 @@ fn steady_state(env: &Env) -> Result<(), Failed> {
 /// context's port cache is warm (the first setup fills it): the checks and
 /// the three `ibv_modify_qp` calls make no heap allocation. Creating and
 /// destroying the QP are not counted.
-fn modify_success_path(env: &Env) -> Result<(), Failed> {
+fn a_successful_modify_allocates_nothing(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
     let peer = Qp::<Rc>::new(&pd, &cq, &cq, QpCaps::default())?;
@@ -426,7 +408,7 @@ impl BatchRig {
 /// one (the `Vec<Completed>` that `WrBatch::abort` returns, sized to the
 /// batch; its `Completed`s hold their chunks inline), and an aborted empty
 /// batch none (the `Vec` is empty).
-fn steady_state_batches(env: &Env) -> Result<(), Failed> {
+fn steady_state_batches_allocate_nothing(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
     let caps = QpCaps {
@@ -546,7 +528,7 @@ fn steady_state_batches(env: &Env) -> Result<(), Failed> {
 /// (`post_template_one`), and a thousand calls of four
 /// (`post_template`), each reclaimed with `reclaim_chunks`: no heap
 /// allocation once the first post made the QP's pin of the template.
-fn steady_state_templates(env: &Env) -> Result<(), Failed> {
+fn steady_state_templates_allocate_nothing(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::qp::RemoteAddr;
     use rdma_verbs::SharedChunk;
     // `_b` (not `_`): the peer QP lives to the end of the test.
@@ -599,7 +581,7 @@ fn steady_state_templates(env: &Env) -> Result<(), Failed> {
 /// Sends into a pool of queue-owned receive buffers: posting the free
 /// buffers, taking each completion and dropping its loan allocate
 /// nothing, one buffer a round or four.
-fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
+fn steady_state_recv_buffers_allocate_nothing(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::qp::{RecvBuffers, Taken};
     let (pd, cq, mut a, mut b) = connected_pair(env, AccessFlags::empty())?;
     let mut bufs = RecvBuffers::new(&pd, 8, 64)?;
@@ -647,7 +629,7 @@ fn steady_state_recv_buffers(env: &Env) -> Result<(), Failed> {
 
 /// One receive reposted from its completion (`post_recv_one`), a send
 /// into it: 1000 rounds, no heap allocation.
-fn steady_state_recv_one(env: &Env) -> Result<(), Failed> {
+fn steady_state_post_recv_one_allocates_nothing(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::qp::RecvWr;
     let (pd, cq, mut a, mut b) = connected_pair(env, AccessFlags::empty())?;
     let mut rx = pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?;

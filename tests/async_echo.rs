@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use libtest_mimic::Failed;
 
-use common::{cm_addr, procs, rust_example, Env, TestFn};
+use common::{cm_addr, procs, rust_example, Env, Test};
 
-const TESTS: &[(&str, TestFn)] = &[
-    ("async_echo::hundred_concurrent_clients", hundred_clients),
-    ("async_echo::no_server_fails_typed", no_server),
-    ("async_echo::bad_command_lines", bad_command_lines),
+const TESTS: &[Test] = tests![
+    hundred_concurrent_clients,
+    no_server_fails_typed,
+    bad_command_lines,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -33,7 +33,7 @@ fn limit() -> Duration {
     common::deadline() * 6
 }
 
-fn hundred_clients(env: &Env) -> Result<(), Failed> {
+fn hundred_concurrent_clients(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let port = 7480;
     let srv = common::echo_server("async_echo", ip, port, 100)?;
@@ -69,7 +69,7 @@ fn hundred_clients(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn no_server(env: &Env) -> Result<(), Failed> {
+fn no_server_fails_typed(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let client = procs::spawn(Command::new(rust_example("async_echo")?).args([
         "-p",

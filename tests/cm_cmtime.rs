@@ -31,21 +31,15 @@ use std::time::Duration;
 use libtest_mimic::Failed;
 
 use common::procs::{self, finish, Finished};
-use common::{cm_addr, Env, TestFn};
+use common::{cm_addr, Env, Test};
 
-const TESTS: &[(&str, TestFn)] = &[
-    ("cm_cmtime::rust_client_c_server", rust_client_c_server),
-    (
-        "cm_cmtime::rust_client_bind_c_server",
-        rust_client_bind_c_server,
-    ),
-    ("cm_cmtime::c_client_rust_server", c_client_rust_server),
-    (
-        "cm_cmtime::rust_client_rust_server",
-        rust_client_rust_server,
-    ),
-    ("cm_cmtime::no_server_same_as_c", no_server_same_as_c),
-    ("cm_cmtime::bad_option_same_as_c", bad_option_same_as_c),
+const TESTS: &[Test] = tests![
+    rust_client_c_server,
+    rust_client_bind_c_server,
+    c_client_rust_server,
+    rust_client_rust_server,
+    no_server_same_as_c,
+    bad_option_same_as_c,
 ];
 
 /// Connections per client run.
@@ -55,16 +49,13 @@ const CONNS: usize = 10;
 /// 51's): the C client against the Rust server, and the two that compare
 /// the programs' output.
 const SAME_AS_C: [&str; 3] = [
-    "cm_cmtime::c_client_rust_server",
-    "cm_cmtime::no_server_same_as_c",
-    "cm_cmtime::bad_option_same_as_c",
+    "c_client_rust_server",
+    "no_server_same_as_c",
+    "bad_option_same_as_c",
 ];
 
 /// And the two that need its server.
-const C_SERVER: [&str; 2] = [
-    "cm_cmtime::rust_client_c_server",
-    "cm_cmtime::rust_client_bind_c_server",
-];
+const C_SERVER: [&str; 2] = ["rust_client_c_server", "rust_client_bind_c_server"];
 
 fn main() -> std::process::ExitCode {
     // Fixed ports and one device: one run at a time.

@@ -26,7 +26,7 @@
 //! (without them the runs fail, saying what to install).
 //!
 //! Run a subset with a filter, e.g. `cm_rping rust_server` or
-//! `cm_rping -- --exact cm_rping::options_match_c`.
+//! `cm_rping -- --exact options_match_c`.
 
 #[path = "common/mod.rs"]
 #[macro_use]
@@ -41,20 +41,20 @@ use std::time::{Duration, Instant};
 
 use libtest_mimic::Failed;
 
-use common::{cm_addr, on_path, procs, Env, TestFn};
+use common::{cm_addr, on_path, procs, Env, Test};
 
-const TESTS: &[(&str, TestFn)] = &[
-    ("cm_rping::rust_server_c_client", rust_server_c_client),
-    ("cm_rping::c_server_rust_client", c_server_rust_client),
-    ("cm_rping::rust_server_rust_client", rust_server_rust_client),
-    ("cm_rping::rust_q_server_c_client", rust_q_server_c_client),
-    ("cm_rping::c_server_rust_q_client", c_server_rust_q_client),
-    ("cm_rping::rust_q_server_rust_q_client", rust_q_rust_q),
-    ("cm_rping::server_size_smaller_than_client", size_mismatch),
-    ("cm_rping::nobody_listening", nobody_listening),
-    ("cm_rping::persistent_server_two_clients", persistent_server),
-    ("cm_rping::debug_lines_match_c", debug_lines),
-    ("cm_rping::options_match_c", options_match_c),
+const TESTS: &[Test] = tests![
+    rust_server_c_client,
+    c_server_rust_client,
+    rust_server_rust_client,
+    rust_q_server_c_client,
+    c_server_rust_q_client,
+    rust_q_server_rust_q_client,
+    server_size_smaller_than_client,
+    nobody_listening,
+    persistent_server_two_clients,
+    debug_lines_match_c,
+    options_match_c,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -351,14 +351,14 @@ fn c_server_rust_q_client(env: &Env) -> Result<(), Failed> {
     main_run(env, 4, (Side::C, false), (Side::Rust, true))
 }
 
-fn rust_q_rust_q(env: &Env) -> Result<(), Failed> {
+fn rust_q_server_rust_q_client(env: &Env) -> Result<(), Failed> {
     main_run(env, 5, (Side::Rust, true), (Side::Rust, true))
 }
 
 /// Server `-S 64` (the default), client `-S 100`: the server's RDMA READ
 /// of 100 bytes into its 64 fails, it exits 255; the client is
 /// disconnected, says so and exits 0. Both pairings with a Rust side.
-fn size_mismatch(env: &Env) -> Result<(), Failed> {
+fn server_size_smaller_than_client(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let server_fails = "cq completion failed status 4\nwait for RDMA_READ_COMPLETE state 11\nrping server failed: -1\n";
     let client_end = "client DISCONNECT EVENT...\nwait for RDMA_WRITE_ADV state 10\n";
@@ -411,7 +411,7 @@ fn nobody_listening(env: &Env) -> Result<(), Failed> {
 /// after the other and runs until SIGTERM; each connection leaves its two
 /// disconnect lines. (Its `-v` lines are lost: stdout is still buffered
 /// when the signal ends it, as in C.)
-fn persistent_server(env: &Env) -> Result<(), Failed> {
+fn persistent_server_two_clients(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let p = port(9);
     let s = spawn(
@@ -484,7 +484,7 @@ fn masked(line: &str) -> String {
 /// C pair (compared as sets of lines with pointers, keys and addresses
 /// masked: their order between the C program's threads varies), and the
 /// first lines, printed while parsing, are the same in order.
-fn debug_lines(env: &Env) -> Result<(), Failed> {
+fn debug_lines_match_c(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let server_args: &[&str] = &["-d", "-s", "-v", "-C", "3"];
     let client_args: &[&str] = &["-d", "-c", "-v", "-V", "-C", "3"];

@@ -34,7 +34,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::LinkLayer;
 
 use common::procs::{self, finish, Finished};
-use common::{cm_addr, on_path, rust_example, wait_for_cm_id, Env, TestFn};
+use common::{cm_addr, on_path, rust_example, wait_for_cm_id, Env, Test};
 
 /// Which program plays a role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,46 +44,22 @@ enum Side {
 }
 use Side::{Rust, C};
 
-const TESTS: &[(&str, TestFn)] = &[
-    ("udaddy::rust_server_c_client", |e| {
-        udaddy(e, Rust, C, false)
-    }),
-    ("udaddy::c_server_rust_client", |e| {
-        udaddy(e, C, Rust, false)
-    }),
-    ("udaddy::rust_server_rust_client", |e| {
-        udaddy(e, Rust, Rust, false)
-    }),
-    ("udaddy::rust_server_c_client_options", |e| {
-        udaddy(e, Rust, C, true)
-    }),
-    ("udaddy::c_server_rust_client_options", |e| {
-        udaddy(e, C, Rust, true)
-    }),
-    ("udaddy::rust_server_rust_client_options", |e| {
-        udaddy(e, Rust, Rust, true)
-    }),
-    ("udaddy::failing_connection_request", udaddy_rejects),
-    ("udaddy::bad_command_lines", udaddy_bad),
-    ("mckey::rust_receiver_c_sender", |e| {
-        mckey(e, 1, Rust, C, false)
-    }),
-    ("mckey::c_receiver_rust_sender", |e| {
-        mckey(e, 2, C, Rust, false)
-    }),
-    ("mckey::rust_receiver_rust_sender", |e| {
-        mckey(e, 3, Rust, Rust, false)
-    }),
-    ("mckey::rust_receiver_c_sender_options", |e| {
-        mckey(e, 4, Rust, C, true)
-    }),
-    ("mckey::c_receiver_rust_sender_options", |e| {
-        mckey(e, 5, C, Rust, true)
-    }),
-    ("mckey::rust_receiver_rust_sender_options", |e| {
-        mckey(e, 6, Rust, Rust, true)
-    }),
-    ("mckey::bad_command_lines", mckey_bad),
+const TESTS: &[Test] = tests![
+    udaddy::rust_server_c_client,
+    udaddy::c_server_rust_client,
+    udaddy::rust_server_rust_client,
+    udaddy::rust_server_c_client_options,
+    udaddy::c_server_rust_client_options,
+    udaddy::rust_server_rust_client_options,
+    udaddy::failing_connection_request,
+    udaddy::bad_command_lines,
+    mckey::rust_receiver_c_sender,
+    mckey::c_receiver_rust_sender,
+    mckey::rust_receiver_rust_sender,
+    mckey::rust_receiver_c_sender_options,
+    mckey::c_receiver_rust_sender_options,
+    mckey::rust_receiver_rust_sender_options,
+    mckey::bad_command_lines,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -493,104 +469,177 @@ fn same_as_c(name: &str, args: &[String], code: i32) -> Result<(), Failed> {
     Ok(())
 }
 
-/// A server that cannot take the request (a negative count makes its CQ
-/// fail) rejects it, and the client hears of it: the C pair, then the Rust
-/// server and the Rust client each with the C program, must say the same
-/// and exit the same.
-fn udaddy_rejects(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?.to_string();
-    let (srv_args, cli_args) = (strings(&["-C", "-3"]), strings(&["-s", &ip]));
-    let mut reference: Option<(Finished, Finished)> = None;
-    for (server, client) in [(C, C), (Rust, C), (C, Rust)] {
-        let (s, c, _, timing) = pair(
-            env,
-            "udaddy",
-            (server, &srv_args),
-            (client, &cli_args),
-            udaddy_listening,
-            None,
-        )?;
-        let both = format!(
-            "{server:?} server {srv_args:?}: {}\n{client:?} client {cli_args:?}: {}",
-            show(&s),
-            show(&c)
-        );
-        let Some((rs, rc)) = &reference else {
-            ensure!(
-                s.code == Some(0)
-                    && s.stdout.contains("udaddy: failing connection request\n")
-                    && c.code.is_some_and(|code| code != 0),
-                "the C programs did not fail as expected\n{both}"
+/// The `udaddy` tests: Rust and C in each pairing, a rejected request, bad
+/// command lines.
+mod udaddy {
+    use super::*;
+
+    /// The Rust server, the C client.
+    pub fn rust_server_c_client(env: &Env) -> Result<(), Failed> {
+        super::udaddy(env, Rust, C, false)
+    }
+
+    /// The C server, the Rust client.
+    pub fn c_server_rust_client(env: &Env) -> Result<(), Failed> {
+        super::udaddy(env, C, Rust, false)
+    }
+
+    /// Both Rust.
+    pub fn rust_server_rust_client(env: &Env) -> Result<(), Failed> {
+        super::udaddy(env, Rust, Rust, false)
+    }
+
+    /// The Rust server, the C client, with options.
+    pub fn rust_server_c_client_options(env: &Env) -> Result<(), Failed> {
+        super::udaddy(env, Rust, C, true)
+    }
+
+    /// The C server, the Rust client, with options.
+    pub fn c_server_rust_client_options(env: &Env) -> Result<(), Failed> {
+        super::udaddy(env, C, Rust, true)
+    }
+
+    /// Both Rust, with options.
+    pub fn rust_server_rust_client_options(env: &Env) -> Result<(), Failed> {
+        super::udaddy(env, Rust, Rust, true)
+    }
+
+    /// A server that cannot take the request (a negative count makes its CQ
+    /// fail) rejects it, and the client hears of it: the C pair, then the Rust
+    /// server and the Rust client each with the C program, must say the same
+    /// and exit the same.
+    pub fn failing_connection_request(env: &Env) -> Result<(), Failed> {
+        let ip = cm_addr(env)?.to_string();
+        let (srv_args, cli_args) = (strings(&["-C", "-3"]), strings(&["-s", &ip]));
+        let mut reference: Option<(Finished, Finished)> = None;
+        for (server, client) in [(C, C), (Rust, C), (C, Rust)] {
+            let (s, c, _, timing) = pair(
+                env,
+                "udaddy",
+                (server, &srv_args),
+                (client, &cli_args),
+                udaddy_listening,
+                None,
+            )?;
+            let both = format!(
+                "{server:?} server {srv_args:?}: {}\n{client:?} client {cli_args:?}: {}",
+                show(&s),
+                show(&c)
             );
-            reference = Some((s, c));
-            continue;
-        };
-        for (who, ran, want) in [("server", &s, rs), ("client", &c, rc)] {
-            ensure!(
-                ran.code == want.code && ran.stdout == want.stdout && ran.stderr == want.stderr,
-                "the {who} differs from C's ({})\n{both}",
-                show(want)
-            );
-        }
-        let said = c.stdout.lines().find(|l| l.contains("event")).unwrap_or("");
-        eprintln!(
+            let Some((rs, rc)) = &reference else {
+                ensure!(
+                    s.code == Some(0)
+                        && s.stdout.contains("udaddy: failing connection request\n")
+                        && c.code.is_some_and(|code| code != 0),
+                    "the C programs did not fail as expected\n{both}"
+                );
+                reference = Some((s, c));
+                continue;
+            };
+            for (who, ran, want) in [("server", &s, rs), ("client", &c, rc)] {
+                ensure!(
+                    ran.code == want.code && ran.stdout == want.stdout && ran.stderr == want.stderr,
+                    "the {who} differs from C's ({})\n{both}",
+                    show(want)
+                );
+            }
+            let said = c.stdout.lines().find(|l| l.contains("event")).unwrap_or("");
+            eprintln!(
             "cm_ud: udaddy {server:?} server, {client:?} client: as C, client exit {:?} ({said}); {timing}",
             c.code
         );
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Bad command lines: the same output and exit status as C's `udaddy`.
+    pub fn bad_command_lines(env: &Env) -> Result<(), Failed> {
+        let ip = cm_addr(env)?.to_string();
+        let ip = ip.as_str();
+        for (args, code) in [
+            (&["-x"][..], 1),
+            (&["-s"], 1),
+            (&["-c", "-1", "-s", ip], 1),
+            (&["-p", "5", "-s", ip], 1),
+            // A port space that does not exist, on the server.
+            (&["-p", "5"], 255),
+            // -f ip takes no names.
+            (&["-f", "ip", "-s", "localhost"], 254),
+            // Warnings on stderr, then a message larger than the MTU: -EINVAL.
+            (&["-f", "bogus", "-P", "bogus", "-s", ip, "-S", "5000"], 234),
+            // A negative count makes the CQ fail: -ENOMEM.
+            (&["-C", "-3", "-s", ip], 244),
+            // A TCP id takes no UD QP.
+            (&["-p", "0x106", "-s", ip], 255),
+        ] {
+            same_as_c("udaddy", &strings(args), code)?;
+        }
+        Ok(())
+    }
 }
 
-fn udaddy_bad(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?.to_string();
-    let ip = ip.as_str();
-    for (args, code) in [
-        (&["-x"][..], 1),
-        (&["-s"], 1),
-        (&["-c", "-1", "-s", ip], 1),
-        (&["-p", "5", "-s", ip], 1),
-        // A port space that does not exist, on the server.
-        (&["-p", "5"], 255),
-        // -f ip takes no names.
-        (&["-f", "ip", "-s", "localhost"], 254),
-        // Warnings on stderr, then a message larger than the MTU: -EINVAL.
-        (&["-f", "bogus", "-P", "bogus", "-s", ip, "-S", "5000"], 234),
-        // A negative count makes the CQ fail: -ENOMEM.
-        (&["-C", "-3", "-s", ip], 244),
-        // A TCP id takes no UD QP.
-        (&["-p", "0x106", "-s", ip], 255),
-    ] {
-        same_as_c("udaddy", &strings(args), code)?;
-    }
-    Ok(())
-}
+/// The `mckey` tests: Rust and C in each pairing, bad command lines.
+mod mckey {
+    use super::*;
 
-fn mckey_bad(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?.to_string();
-    let ip = ip.as_str();
-    let group = format!("239.1.{}.99", 100 + std::process::id() % 100);
-    let g = group.as_str();
-    let mut cases = vec![
-        (vec!["-x"], 1),
-        (vec!["-m"], 1),
-        (vec!["-so", "-m", g, "-Q"], 1),
-        (vec!["-M", "ff0e::1"], 1),
-        (vec!["-m", g, "-b", ip, "-p", "5"], 1),
-        // No group: getaddrinfo(NULL) fails, EAI_NONAME.
-        (vec!["-b", ip], 254),
-        // Larger than the MTU; then leaving a group never joined.
-        (vec!["-m", g, "-b", ip, "-s", "-S", "5000"], 255),
-        (vec!["-m", g, "-b", ip, "-s", "-C", "-1"], 255),
-        // A TCP id takes no UD QP.
-        (vec!["-m", g, "-b", ip, "-p", "0x106"], 255),
-    ];
-    // -l: soft-RoCE cannot block multicast loopback, nor can the example
-    // (where the C program has -l: rdma-core 33's has not).
-    if env.ctx.name().starts_with("rxe") && c_usage_has("mckey", OPTIONS_SINCE_33[0])? {
-        cases.push((vec!["-m", g, "-b", ip, "-s", "-l"], 255));
+    /// The Rust receiver, the C sender.
+    pub fn rust_receiver_c_sender(env: &Env) -> Result<(), Failed> {
+        super::mckey(env, 1, Rust, C, false)
     }
-    for (args, code) in cases {
-        same_as_c("mckey", &strings(&args), code)?;
+
+    /// The C receiver, the Rust sender.
+    pub fn c_receiver_rust_sender(env: &Env) -> Result<(), Failed> {
+        super::mckey(env, 2, C, Rust, false)
     }
-    Ok(())
+
+    /// Both Rust.
+    pub fn rust_receiver_rust_sender(env: &Env) -> Result<(), Failed> {
+        super::mckey(env, 3, Rust, Rust, false)
+    }
+
+    /// The Rust receiver, the C sender, with options.
+    pub fn rust_receiver_c_sender_options(env: &Env) -> Result<(), Failed> {
+        super::mckey(env, 4, Rust, C, true)
+    }
+
+    /// The C receiver, the Rust sender, with options.
+    pub fn c_receiver_rust_sender_options(env: &Env) -> Result<(), Failed> {
+        super::mckey(env, 5, C, Rust, true)
+    }
+
+    /// Both Rust, with options.
+    pub fn rust_receiver_rust_sender_options(env: &Env) -> Result<(), Failed> {
+        super::mckey(env, 6, Rust, Rust, true)
+    }
+
+    /// Bad command lines: the same output and exit status as C's `mckey`.
+    pub fn bad_command_lines(env: &Env) -> Result<(), Failed> {
+        let ip = cm_addr(env)?.to_string();
+        let ip = ip.as_str();
+        let group = format!("239.1.{}.99", 100 + std::process::id() % 100);
+        let g = group.as_str();
+        let mut cases = vec![
+            (vec!["-x"], 1),
+            (vec!["-m"], 1),
+            (vec!["-so", "-m", g, "-Q"], 1),
+            (vec!["-M", "ff0e::1"], 1),
+            (vec!["-m", g, "-b", ip, "-p", "5"], 1),
+            // No group: getaddrinfo(NULL) fails, EAI_NONAME.
+            (vec!["-b", ip], 254),
+            // Larger than the MTU; then leaving a group never joined.
+            (vec!["-m", g, "-b", ip, "-s", "-S", "5000"], 255),
+            (vec!["-m", g, "-b", ip, "-s", "-C", "-1"], 255),
+            // A TCP id takes no UD QP.
+            (vec!["-m", g, "-b", ip, "-p", "0x106"], 255),
+        ];
+        // -l: soft-RoCE cannot block multicast loopback, nor can the example
+        // (where the C program has -l: rdma-core 33's has not).
+        if env.ctx.name().starts_with("rxe") && c_usage_has("mckey", OPTIONS_SINCE_33[0])? {
+            cases.push((vec!["-m", g, "-b", ip, "-s", "-l"], 255));
+        }
+        for (args, code) in cases {
+            same_as_c("mckey", &strings(&args), code)?;
+        }
+        Ok(())
+    }
 }

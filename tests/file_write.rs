@@ -18,18 +18,18 @@ use std::path::PathBuf;
 
 use libtest_mimic::Failed;
 
-use common::{procs, rust_example, Env, TestFn};
+use common::{procs, rust_example, Env, Test};
 
 const EXAMPLE: &str = "file_write";
 
 fn main() -> std::process::ExitCode {
-    let tests: &[(&str, TestFn)] = &[
-        ("file_write::empty_file", empty_file),
-        ("file_write::one_byte", one_byte),
-        ("file_write::less_than_a_page", small),
-        ("file_write::many_writes_short_last", many_writes),
-        ("file_write::one_write_larger_than_the_file", one_big_write),
-        ("file_write::missing_input_file", missing_input),
+    let tests: &[Test] = tests![
+        empty_file,
+        one_byte,
+        less_than_a_page,
+        many_writes_short_last,
+        one_write_larger_than_the_file,
+        missing_input_file,
     ];
     // Fixed TCP ports and one device: one run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
@@ -45,22 +45,22 @@ fn one_byte(env: &Env) -> Result<(), Failed> {
     copy(env, 1, &[], 19_401)
 }
 
-fn small(env: &Env) -> Result<(), Failed> {
+fn less_than_a_page(env: &Env) -> Result<(), Failed> {
     copy(env, 1000, &[], 19_402)
 }
 
-fn many_writes(env: &Env) -> Result<(), Failed> {
+fn many_writes_short_last(env: &Env) -> Result<(), Failed> {
     // 3 MiB + 7 bytes in 64 KiB writes: 49 writes, the last 7 bytes, more
     // than the 16 the client keeps outstanding.
     copy(env, (3 << 20) + 7, &["-s", "65536"], 19_403)
 }
 
-fn one_big_write(env: &Env) -> Result<(), Failed> {
+fn one_write_larger_than_the_file(env: &Env) -> Result<(), Failed> {
     copy(env, 100_000, &["-s", "1048576"], 19_404)
 }
 
 /// A client whose file does not exist fails before it connects, saying so.
-fn missing_input(_env: &Env) -> Result<(), Failed> {
+fn missing_input_file(_env: &Env) -> Result<(), Failed> {
     let bin = rust_example(EXAMPLE)?;
     let out = std::process::Command::new(&bin)
         .args([

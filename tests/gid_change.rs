@@ -20,13 +20,10 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::{ConnectOptions, Psn};
 use rdma_verbs::{Context, Gid};
 
-use common::{deadline, Env, TestFn};
+use common::{deadline, Env, Test};
 use endpoint_cache::{connect_documented, expected_pick, rc_qp};
 
-const TESTS: &[(&str, TestFn)] = &[(
-    "gid_change::a_gid_gone_from_the_table_is_never_handed_out",
-    gid_gone,
-)];
+const TESTS: &[Test] = tests![a_gid_gone_from_the_table_is_never_handed_out,];
 
 fn main() -> std::process::ExitCode {
     common::run("gid_change", TESTS)
@@ -121,7 +118,7 @@ fn listed(ctx: &Context, gid: Gid) -> Result<bool, Failed> {
 /// context, so that the first one's cache is not refreshed) shows it,
 /// `local_endpoint` hands out what a fresh read picks, never the GID that
 /// is gone; and the documented connect works on the second address.
-fn gid_gone(_env: &Env) -> Result<(), Failed> {
+fn a_gid_gone_from_the_table_is_never_handed_out(_env: &Env) -> Result<(), Failed> {
     if std::env::var_os("RDMA_VERBS_VM").is_none() {
         eprintln!("endpoint_cache: adds a device and changes addresses: runs in the VM only");
         return Ok(());

@@ -33,13 +33,22 @@ macro_rules! ensure {
     };
 }
 
+// `tests!`, where the binaries that include all of `tests/common` have it.
+#[macro_use]
+#[path = "common/registry.rs"]
+pub mod registry;
+mod common {
+    pub use super::registry;
+}
+use registry::Test;
+
 #[path = "hosts/cm.rs"]
 mod cm;
 #[path = "hosts/peer.rs"]
 mod peer;
 
 /// This side of the run: from `.ci/hosts-guest`'s environment.
-struct Side {
+pub struct Side {
     server: bool,
     /// This VM's address on the link.
     me: String,
@@ -47,22 +56,16 @@ struct Side {
     netdev: String,
 }
 
-type TestFn = fn(&Side) -> Result<(), Failed>;
+pub type TestFn = fn(&Side) -> Result<(), Failed>;
 
-const TESTS: &[(&str, TestFn)] = &[
-    ("hosts::link_down_during_traffic_then_reconnect", link_down),
-    ("hosts::different_mtus_never_hang_and_negotiate", mtus),
-    (
-        "hosts::cm_link_down_disconnect_then_reconnect",
-        cm::link_down,
-    ),
-    (
-        "hosts::peer_killed_mid_transfer_then_reconnect",
-        peer::killed,
-    ),
-    ("hosts::peer_device_removed_and_readded", cm::device_removed),
+const TESTS: &[Test] = tests![
+    link_down_during_traffic_then_reconnect,
+    different_mtus_never_hang_and_negotiate,
+    cm::link_down_disconnect_then_reconnect,
+    peer::killed_mid_transfer_then_reconnect,
+    cm::peer_device_removed_and_readded,
     // Last: its server side removes rxe0 for a while.
-    ("hosts::silent_peer_cm_timeouts_are_typed", cm::silent_peer),
+    cm::silent_peer_cm_timeouts_are_typed,
 ];
 
 fn main() -> ExitCode {
@@ -96,7 +99,8 @@ fn main() -> ExitCode {
     let side = std::sync::Arc::new(side);
     let trials = TESTS
         .iter()
-        .map(|&(name, f)| {
+        .map(|t| {
+            let (name, f) = (t.name(), t.f);
             let skip = side.is_none() && !required;
             let side = side.clone();
             Trial::test(name, move || match side.as_ref() {
@@ -459,7 +463,7 @@ fn line(tcp: &mut TcpStream) -> Result<String, Failed> {
 /// flushed), every chunk comes back; with the link up again both sides
 /// reset their QP (handing back what it held), reconnect, and 20 messages
 /// go through. Each side's posted and returned chunks must be equal.
-fn link_down(side: &Side) -> Result<(), Failed> {
+fn link_down_during_traffic_then_reconnect(side: &Side) -> Result<(), Failed> {
     let mut tcp = tcp(side, 18_600)?;
     let mut rc = Rc::new()?;
     if side.server {
@@ -504,7 +508,7 @@ fn link_down(side: &Side) -> Result<(), Failed> {
 /// never a hang. With the smaller of the two MTUs (exchanged over TCP, as
 /// an application does: the endpoint record has no MTU) 3000-byte sends go
 /// both ways.
-fn mtus(side: &Side) -> Result<(), Failed> {
+fn different_mtus_never_hang_and_negotiate(side: &Side) -> Result<(), Failed> {
     let mut tcp = tcp(side, 18_601)?;
     let mine = if side.server { 1500 } else { 4500 };
     ip_link(&side.netdev, &["mtu", &mine.to_string()])?;

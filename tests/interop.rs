@@ -41,7 +41,7 @@ use std::process::Command;
 
 use libtest_mimic::Failed;
 
-use common::{procs, rust_example, Env, TestFn};
+use common::{procs, rust_example, Env, Test};
 
 /// Which program plays which role.
 #[derive(Clone, Copy, Debug)]
@@ -309,34 +309,59 @@ fn nth(n: usize) -> &'static Run {
     [&RC, &UC, &UD, &SRQ][n / 8].get(n % 8).expect("32 runs")
 }
 
-macro_rules! trials {
-    ($($i:literal),*) => {
-        &[$((concat!("interop::run_", $i), run_n::<$i> as TestFn)),*]
-    };
-}
+/// The 32 pingpong runs of [`nth`], each its own test.
+const PINGPONGS: &[Test] = tests![
+    pingpong::<
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+        11,
+        12,
+        13,
+        14,
+        15,
+        16,
+        17,
+        18,
+        19,
+        20,
+        21,
+        22,
+        23,
+        24,
+        25,
+        26,
+        27,
+        28,
+        29,
+        30,
+        31,
+    >
+];
 
-const PINGPONGS: &[(&str, TestFn)] = trials!(
-    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
-    26, 27, 28, 29, 30, 31
-);
+/// The 18 runs of `NEW_SEND` (`-N`, the extended QP's `ibv_wr_*` path).
+const NEW_SEND_RUNS: &[Test] =
+    tests![new_send::<0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17>];
 
-macro_rules! new_send_trials {
-    ($($i:literal),*) => {
-        &[$((concat!("interop::new_send_", $i), run_new_send::<$i> as TestFn)),*]
-    };
-}
-
-const NEW_SEND_RUNS: &[(&str, TestFn)] =
-    new_send_trials!(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17);
+/// `rc_pingpong -t` and ODP runs against C, the Rust program the server
+/// (`false`) or the client (`true`).
+const AGAINST_C: &[Test] = tests![rc_ts::<false, true>];
+const ODP_AGAINST_C: &[Test] = tests![rc_odp::<false, true>];
 
 fn main() -> std::process::ExitCode {
     let mut tests = PINGPONGS.to_vec();
     tests.extend_from_slice(NEW_SEND_RUNS);
-    tests.push(("interop::rc_ts_server", rc_ts::<false>));
-    tests.push(("interop::rc_ts_client", rc_ts::<true>));
-    tests.push(("interop::rc_odp_c_server", rc_odp::<false>));
-    tests.push(("interop::rc_odp_c_client", rc_odp::<true>));
-    tests.push(("interop::rdma_ops", rdma_ops));
+    tests.extend_from_slice(AGAINST_C);
+    tests.extend_from_slice(ODP_AGAINST_C);
+    tests.extend_from_slice(tests![rdma_ops]);
     // Two VMs' worth of pingpongs at once would share the one device and
     // the loopback ports: one at a time.
     let mut args = libtest_mimic::Arguments::from_args();
@@ -346,16 +371,16 @@ fn main() -> std::process::ExitCode {
     common::run_with(
         "interop",
         &tests,
-        &[("interop::new_send_*", common::Need::ExtendedQp)],
+        &[("new_send::*", common::Need::ExtendedQp)],
         args,
     )
 }
 
-fn run_n<const N: usize>(env: &Env) -> Result<(), Failed> {
+fn pingpong<const N: usize>(env: &Env) -> Result<(), Failed> {
     run(env, nth(N), 19_000 + N as u16)
 }
 
-fn run_new_send<const N: usize>(env: &Env) -> Result<(), Failed> {
+fn new_send<const N: usize>(env: &Env) -> Result<(), Failed> {
     run(env, &NEW_SEND[N], 19_200 + N as u16)
 }
 

@@ -15,30 +15,15 @@ use std::process::Command;
 use libtest_mimic::Failed;
 use rdma_verbs::{AccessFlags, Context, QpInitAttr, QpType};
 
-use common::{Env, TestFn};
+use common::{Env, Test};
 
-const TESTS: &[(&str, TestFn)] = &[
-    (
-        "leaks::counts_rise_while_objects_live",
-        counts_rise_while_objects_live,
-    ),
-    (
-        "leaks::every_drop_order_returns_to_baseline",
-        every_drop_order_returns_to_baseline,
-    ),
-    (
-        "leaks::close_in_order_returns_to_baseline",
-        close_in_order_returns_to_baseline,
-    ),
-    (
-        "leaks::extended_objects_return_to_baseline_in_every_drop_order",
-        extended_objects_every_drop_order,
-    ),
+const TESTS: &[Test] = tests![
+    counts_rise_while_objects_live,
+    every_drop_order_returns_to_baseline,
+    close_in_order_returns_to_baseline,
+    extended_objects_return_to_baseline_in_every_drop_order,
     #[cfg(feature = "cm")]
-    (
-        "leaks::cm_listener_accepts_100_connections_and_tears_down",
-        cm::listener_accepts_100,
-    ),
+    cm::listener_accepts_100_connections_and_tears_down,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -47,7 +32,7 @@ fn main() -> std::process::ExitCode {
     args.test_threads = Some(1);
     // rxe before rdma-core 34 has no extended CQs or QPs, before 36 no
     // memory windows (see `common::Need`).
-    const EXTENDED: &str = "leaks::extended_objects_return_to_baseline_in_every_drop_order";
+    const EXTENDED: &str = "extended_objects_return_to_baseline_in_every_drop_order";
     let needs = [
         (EXTENDED, common::Need::ExtendedCq),
         (EXTENDED, common::Need::ExtendedQp),
@@ -126,7 +111,7 @@ impl Objects {
 /// in the 60 orders that drop the window before the QPs), an extended CQ
 /// and two connected extended QPs, dropped in each of the 120 orders of
 /// those five handles, then the context.
-fn extended_objects_every_drop_order(env: &Env) -> Result<(), Failed> {
+fn extended_objects_return_to_baseline_in_every_drop_order(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::qp::SendOpsFlags;
     use rdma_verbs::{MwBind, MwType};
     let dev = env.ctx.name();
@@ -435,7 +420,7 @@ mod cm {
         Ok(())
     }
 
-    pub fn listener_accepts_100(env: &Env) -> Result<(), Failed> {
+    pub fn listener_accepts_100_connections_and_tears_down(env: &Env) -> Result<(), Failed> {
         let dev = env.ctx.name();
         // librdmacm opens its own context of the device the first time, and
         // keeps it for the life of the process (with a PD of its own that it

@@ -22,28 +22,28 @@ use std::process::Command;
 
 use libtest_mimic::Failed;
 
-use common::{procs, rust_example, Env, Need, TestFn};
+use common::{procs, rust_example, Env, Need, Test};
 
 const EXAMPLE: &str = "mw_invalidate";
 
 fn main() -> std::process::ExitCode {
-    let tests: &[(&str, TestFn)] = &[
-        ("mw_example::local_invalidate", local_invalidate),
-        ("mw_example::remote_invalidate", remote_invalidate),
-        ("mw_example::type1_unbind", type1_unbind),
-        ("mw_example::one_byte_window", one_byte_window),
-        ("mw_example::mismatched_modes", mismatched_modes),
-        ("mw_example::bad_command_line", bad_command_line),
+    let tests: &[Test] = tests![
+        local_invalidate,
+        remote_invalidate,
+        type1_unbind,
+        one_byte_window,
+        mismatched_modes,
+        bad_command_line,
     ];
     // Fixed TCP ports and one device: one run at a time.
     let mut args = libtest_mimic::Arguments::from_args();
     args.test_threads = Some(1);
     // rxe before rdma-core 36 has no memory windows (see `common::Need`).
     let needs = [
-        ("mw_example::local_invalidate", Need::MemoryWindows),
-        ("mw_example::remote_invalidate", Need::MemoryWindows),
-        ("mw_example::type1_unbind", Need::MemoryWindows),
-        ("mw_example::one_byte_window", Need::MemoryWindows),
+        ("local_invalidate", Need::MemoryWindows),
+        ("remote_invalidate", Need::MemoryWindows),
+        ("type1_unbind", Need::MemoryWindows),
+        ("one_byte_window", Need::MemoryWindows),
     ];
     common::run_with("mw_example", tests, &needs, args)
 }

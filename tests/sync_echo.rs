@@ -18,15 +18,12 @@ use std::time::Duration;
 
 use libtest_mimic::Failed;
 
-use common::{cm_addr, procs, rust_example, Env, TestFn};
+use common::{cm_addr, procs, rust_example, Env, Test};
 
-const TESTS: &[(&str, TestFn)] = &[
-    (
-        "sync_echo::two_clients_of_eight_connections_at_once",
-        two_clients,
-    ),
-    ("sync_echo::no_server_fails_typed", no_server),
-    ("sync_echo::bad_command_lines", bad_command_lines),
+const TESTS: &[Test] = tests![
+    two_clients_of_eight_connections_at_once,
+    no_server_fails_typed,
+    bad_command_lines,
 ];
 
 fn main() -> std::process::ExitCode {
@@ -37,7 +34,7 @@ fn limit() -> Duration {
     common::deadline() * 6
 }
 
-fn two_clients(env: &Env) -> Result<(), Failed> {
+fn two_clients_of_eight_connections_at_once(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let port = 7482;
     let srv = common::echo_server("sync_echo", ip, port, 16)?;
@@ -89,7 +86,7 @@ fn two_clients(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn no_server(env: &Env) -> Result<(), Failed> {
+fn no_server_fails_typed(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let client = procs::spawn(Command::new(rust_example("sync_echo")?).args([
         "-p",

@@ -13,17 +13,11 @@ use rdma_verbs::{
     AccessFlags, CompletionChannel, CompletionQueue, CqEvent, QpInitAttr, QpType, QueuePair,
 };
 
-use crate::common::{connect, deadline, poll_n, Env, TestFn};
+use crate::common::{connect, deadline, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "acks::a_cq_dropped_with_events_unacknowledged_does_not_hang",
-        dropped_with_events,
-    ),
-    (
-        "acks::a_cq_dropped_while_a_thread_reads_its_event_does_not_hang",
-        dropped_while_read,
-    ),
+pub const TESTS: &[Test] = tests![
+    a_cq_dropped_with_events_unacknowledged_does_not_hang,
+    a_cq_dropped_while_a_thread_reads_its_event_does_not_hang,
 ];
 
 /// Two RC QPs connected to each other on one CQ of `channel`.
@@ -76,7 +70,7 @@ fn drop_within_deadline<T: Send + 'static>(parts: T, what: &str) -> Result<(), F
 
 /// 150 events read (two batches of 64 acknowledged, 22 counted), then
 /// the CQ is dropped: its destruction acknowledges the 22 first.
-fn dropped_with_events(env: &Env) -> Result<(), Failed> {
+fn a_cq_dropped_with_events_unacknowledged_does_not_hang(env: &Env) -> Result<(), Failed> {
     let channel = CompletionChannel::new(&env.ctx)?;
     channel.set_nonblocking(true)?;
     let (cq, mut a, mut b) = qps_on(env, &channel)?;
@@ -98,7 +92,7 @@ fn dropped_with_events(env: &Env) -> Result<(), Failed> {
 /// Twenty rounds in which one thread polls the channel for the event of a
 /// send while another drops the QPs and the CQ, a little later each round:
 /// whichever comes first, the drop ends.
-fn dropped_while_read(env: &Env) -> Result<(), Failed> {
+fn a_cq_dropped_while_a_thread_reads_its_event_does_not_hang(env: &Env) -> Result<(), Failed> {
     let channel = CompletionChannel::new(&env.ctx)?;
     channel.set_nonblocking(true)?;
     let mut read = 0;

@@ -1,5 +1,4 @@
-//! Attacks on the arithmetic of public constructors and accessors (issue
-//! 17, class 3): offsets, lengths, counts and durations at their extremes
+//! Attacks on the arithmetic of public constructors and accessors: offsets, lengths, counts and durations at their extremes
 //! (`usize::MAX`, `u32::MAX + 1`, `Duration::MAX`, one past the end, 0).
 //! Each must get a typed error that says what was wrong, never a panic, a
 //! wrapped address or a truncated length.
@@ -17,29 +16,20 @@ use rdma_verbs::{AccessFlags, Error, MwBind, SharedChunk};
 
 #[cfg(feature = "cm")]
 use crate::common::cm_addr;
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("arith::mw_bind_offset_usize_max", mw_bind_offset_max),
-    (
-        "arith::mw_bind_range_past_the_region_or_empty",
-        mw_bind_range,
-    ),
-    (
-        "arith::mr_read_write_at_extreme_offsets",
-        mr_extreme_offsets,
-    ),
-    ("arith::alloc_chunks_count_times_len", alloc_chunks_overflow),
-    (
-        "arith::sge_len_past_the_chunk_or_u32_is_refused",
-        sge_len_refused,
-    ),
-    ("arith::counts_at_u32_max_are_refused", counts_at_max),
+pub const TESTS: &[Test] = tests![
+    mw_bind_offset_usize_max,
+    mw_bind_range_past_the_region_or_empty,
+    mr_read_write_at_extreme_offsets,
+    alloc_chunks_count_times_len,
+    sge_len_past_the_chunk_or_u32_is_refused,
+    counts_at_u32_max_are_refused,
 ];
 
 /// The connection manager's tests (feature `cm`).
 #[cfg(feature = "cm")]
-pub const CM_TESTS: &[(&str, TestFn)] = &[("arith::cm_wait_of_duration_max", cm_wait_max)];
+pub const CM_TESTS: &[Test] = tests![cm_wait_of_duration_max,];
 
 /// `e` is an [`Error::InvalidArgument`] whose message contains each of
 /// `needles`.
@@ -63,7 +53,7 @@ fn window_region(env: &Env, len: usize) -> Result<rdma_verbs::MemoryRegion, Fail
 /// An offset of `usize::MAX`: the window's address would be past the end
 /// of the 64-bit address space. Refused when the bind is made, so no
 /// `remote_addr()` of it exists to overflow.
-fn mw_bind_offset_max(env: &Env) -> Result<(), Failed> {
+fn mw_bind_offset_usize_max(env: &Env) -> Result<(), Failed> {
     let mr = window_region(env, 4096)?;
     let r = AccessFlags::REMOTE_READ;
     for (offset, len) in [(usize::MAX, 1), (usize::MAX, usize::MAX), (1, usize::MAX)] {
@@ -81,7 +71,7 @@ fn mw_bind_offset_max(env: &Env) -> Result<(), Failed> {
 
 /// Ranges ending one past the region, starting past it, or empty; the
 /// last byte itself is fine, and its address is the region's last.
-fn mw_bind_range(env: &Env) -> Result<(), Failed> {
+fn mw_bind_range_past_the_region_or_empty(env: &Env) -> Result<(), Failed> {
     let mr = window_region(env, 4096)?;
     let len = mr.len();
     let r = AccessFlags::REMOTE_READ;
@@ -115,7 +105,7 @@ fn mw_bind_range(env: &Env) -> Result<(), Failed> {
 
 /// `read` and `write` at offsets whose end overflows, or lies past the
 /// region; an empty copy at the very end is fine.
-fn mr_extreme_offsets(env: &Env) -> Result<(), Failed> {
+fn mr_read_write_at_extreme_offsets(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let mut mr = pd.register(4096, AccessFlags::LOCAL_WRITE)?;
     let len = mr.len();
@@ -147,7 +137,7 @@ fn mr_extreme_offsets(env: &Env) -> Result<(), Failed> {
 
 /// `alloc_chunks` multiplies a count by a length; `into_chunks` divides
 /// by its length; `register` takes any length.
-fn alloc_chunks_overflow(env: &Env) -> Result<(), Failed> {
+fn alloc_chunks_count_times_len(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let w = AccessFlags::LOCAL_WRITE;
     for (count, len) in [(usize::MAX, 2), (2, usize::MAX), (usize::MAX, usize::MAX)] {
@@ -177,7 +167,7 @@ fn alloc_chunks_overflow(env: &Env) -> Result<(), Failed> {
 /// Entry lengths past their chunk, above an sge's 32-bit length, on an
 /// owned and a shared chunk, posted alone and in a batch: refused, never
 /// truncated, and the chunks come back.
-fn sge_len_refused(env: &Env) -> Result<(), Failed> {
+fn sge_len_past_the_chunk_or_u32_is_refused(env: &Env) -> Result<(), Failed> {
     let crate::common::Pair {
         pd,
         cq: _cq,
@@ -231,7 +221,7 @@ fn sge_len_refused(env: &Env) -> Result<(), Failed> {
 /// beyond what `Instant` holds, so the wait has no limit (and the event
 /// ends it). A C timeout of `Duration::MAX` milliseconds is refused.
 #[cfg(feature = "cm")]
-fn cm_wait_max(env: &Env) -> Result<(), Failed> {
+fn cm_wait_of_duration_max(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let ch = EventChannel::new()?;
     let id = ch.create_id(PortSpace::Tcp)?;
@@ -258,7 +248,7 @@ fn cm_wait_max(env: &Env) -> Result<(), Failed> {
 
 /// Counts and indices of `u32::MAX` where the C field is an `int`: refused
 /// before any call, never cast to a negative number.
-fn counts_at_max(env: &Env) -> Result<(), Failed> {
+fn counts_at_u32_max_are_refused(env: &Env) -> Result<(), Failed> {
     let ctx = &env.ctx;
     let e = ctx.create_cq(u32::MAX).err().ok_or("cqe u32::MAX")?;
     invalid("cqe u32::MAX", &e, &["cqe 4294967295"])?;

@@ -15,29 +15,17 @@ use libtest_mimic::Failed;
 use rdma_verbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use rdma_verbs::{CompletionQueue, ProtectionDomain, QpInitAttr, QpState, QpType, QueuePair};
 
-use crate::common::{cm_addr, deadline, Env, TestFn};
+use crate::common::{cm_addr, deadline, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "cm::qp_dropped_before_disconnect",
-        qp_dropped_before_disconnect,
-    ),
-    ("cm::qp_dropped_before_the_reject", qp_dropped_before_reject),
-    ("cm::client_gone_before_accept", client_gone_before_accept),
-    (
-        "cm::events_shared_by_reader_threads_come_once",
-        events_come_once,
-    ),
-    (
-        "cm::blocked_reader_does_not_block_calls",
-        blocked_reader_does_not_block_calls,
-    ),
-    (
-        "cm::event_dropped_on_another_thread_after_its_id",
-        event_outlives_id_on_another_thread,
-    ),
-    ("cm::calls_twice_and_out_of_order", calls_twice),
-    ("cm::channel_handle_dropped_first", channel_dropped_first),
+pub const TESTS: &[Test] = tests![
+    qp_dropped_before_disconnect,
+    qp_dropped_before_the_reject,
+    client_gone_before_accept,
+    events_shared_by_reader_threads_come_once,
+    blocked_reader_does_not_block_calls,
+    event_dropped_on_another_thread_after_its_id,
+    calls_twice_and_out_of_order,
+    channel_handle_dropped_first,
 ];
 
 fn expect_for(ch: &EventChannel, kind: CmEventKind, id: &CmId) -> Result<CmEvent, Failed> {
@@ -131,7 +119,7 @@ fn qp_dropped_before_disconnect(env: &Env) -> Result<(), Failed> {
 
 /// The reject arrives after the client's QP is gone: librdmacm moves
 /// `id->qp` to ERR while it reads the event, which must find no QP.
-fn qp_dropped_before_reject(env: &Env) -> Result<(), Failed> {
+fn qp_dropped_before_the_reject(env: &Env) -> Result<(), Failed> {
     let (sch, l, cch, c) = setup(env)?;
     let cv = verbs(&c)?;
     let cqp = qp(&c, &cv)?;
@@ -196,7 +184,7 @@ fn client_gone_before_accept(env: &Env) -> Result<(), Failed> {
 
 /// Four threads read one channel while 40 ids resolve: each event comes to
 /// exactly one of them.
-fn events_come_once(env: &Env) -> Result<(), Failed> {
+fn events_shared_by_reader_threads_come_once(env: &Env) -> Result<(), Failed> {
     let (ch, _l, to) = bound(env)?;
     let ids: Vec<CmId> = (0..40)
         .map(|_| ch.create_id(PortSpace::Tcp))
@@ -274,7 +262,7 @@ fn blocked_reader_does_not_block_calls(env: &Env) -> Result<(), Failed> {
 
 /// An event is moved to another thread, its id is dropped here, the event
 /// is read and dropped there: the id is destroyed after, not before.
-fn event_outlives_id_on_another_thread(env: &Env) -> Result<(), Failed> {
+fn event_dropped_on_another_thread_after_its_id(env: &Env) -> Result<(), Failed> {
     let (ch, _l, to) = bound(env)?;
     for _ in 0..20 {
         let id = ch.create_id(PortSpace::Tcp)?;
@@ -294,7 +282,7 @@ fn event_outlives_id_on_another_thread(env: &Env) -> Result<(), Failed> {
 
 /// Each call twice, and calls in the wrong state: errors, and the QP's
 /// known state stays what the device says.
-fn calls_twice(env: &Env) -> Result<(), Failed> {
+fn calls_twice_and_out_of_order(env: &Env) -> Result<(), Failed> {
     let (sch, l, cch, c) = setup(env)?;
     // A second listen is refused by the kernel; the listener still listens.
     let twice = l.listen(4);
@@ -343,7 +331,7 @@ fn calls_twice(env: &Env) -> Result<(), Failed> {
 }
 
 /// Dropping the last channel handle while ids live: the ids keep it.
-fn channel_dropped_first(env: &Env) -> Result<(), Failed> {
+fn channel_handle_dropped_first(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let ch = EventChannel::new()?;
     let id = ch.create_id(PortSpace::Tcp)?;

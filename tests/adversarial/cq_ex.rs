@@ -13,17 +13,11 @@ use rdma_verbs::{
     QueuePair,
 };
 
-use crate::common::{connect, deadline, poll_n, Env, TestFn};
+use crate::common::{connect, deadline, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "adversarial::cq_poll_past_its_end_calls_nothing_round_the_ring",
-        past_the_end,
-    ),
-    (
-        "adversarial::cq_poll_dropped_before_next_loses_no_buffer",
-        dropped_before_next,
-    ),
+pub const TESTS: &[Test] = tests![
+    cq_poll_past_its_end_calls_nothing_round_the_ring,
+    cq_poll_dropped_before_next_loses_no_buffer,
 ];
 
 fn chunks(pd: &ProtectionDomain, n: usize) -> Result<Vec<Chunk>, Failed> {
@@ -84,7 +78,7 @@ impl<F: WithQpNum> Rig<F> {
 /// two calling nothing: on rxe the first `None` already ended the batch),
 /// and is ended by `end` or by dropping it. Every completion comes back
 /// once, in order; none is stale and none is left.
-fn past_the_end(env: &Env) -> Result<(), Failed> {
+fn cq_poll_past_its_end_calls_nothing_round_the_ring(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env, 4)?;
     let rounds = u64::from(r.cq.capacity()).clamp(4, 64) * 3;
     let limit = deadline();
@@ -127,7 +121,7 @@ fn past_the_end(env: &Env) -> Result<(), Failed> {
 /// earlier request, not the one signalled), and when no later one comes it
 /// stays in the ledger (nothing says the device is done with its buffer)
 /// until a RESET hands its chunk back.
-fn dropped_before_next(env: &Env) -> Result<(), Failed> {
+fn cq_poll_dropped_before_next_loses_no_buffer(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env, 16)?;
     let limit = deadline();
     let start = Instant::now();

@@ -1,7 +1,9 @@
 //! Attacks on the data path's promises, from safe code: a chunk the caller
 //! holds is never written by the device, every lent chunk comes back
 //! exactly once, and bad input is refused with a typed error that hands
-//! the chunks back. One test per class of issue 7 (1-5).
+//! the chunks back. One test per way it could break: empty posts, sends
+//! below RTS, SRQ and QP completions crossing, chunks of another PD or too
+//! many of them, and chunks lost to ERR, a CQ overrun, RESET or destroy.
 
 use std::time::{Duration, Instant};
 
@@ -12,37 +14,16 @@ use rdma_verbs::{
     QpInitAttr, QpState, QpType, QueuePair, SharedReceiveQueue, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, deadline, opts, poll_n, Env, Pair, TestFn};
+use crate::common::{connect, deadline, opts, poll_n, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "adversarial::empty_posts_post_nothing",
-        empty_posts_post_nothing,
-    ),
-    (
-        "adversarial::sends_below_rts_never_reach_the_provider",
-        sends_below_rts_never_reach_the_provider,
-    ),
-    (
-        "adversarial::srq_and_qp_completions_never_cross",
-        srq_and_qp_completions_never_cross,
-    ),
-    (
-        "adversarial::another_qps_completions_end_nothing_here",
-        another_qps_completions_end_nothing_here,
-    ),
-    (
-        "adversarial::foreign_pd_and_too_many_sges_are_refused_whole",
-        foreign_pd_and_too_many_sges_are_refused_whole,
-    ),
-    (
-        "adversarial::a_full_queue_refuses_the_call_whole_with_queue_full",
-        a_full_queue_refuses_the_call_whole,
-    ),
-    (
-        "adversarial::nothing_lent_is_lost_by_err_overrun_reset_or_destroy",
-        nothing_lent_is_lost,
-    ),
+pub const TESTS: &[Test] = tests![
+    empty_posts_post_nothing,
+    sends_below_rts_never_reach_the_provider,
+    srq_and_qp_completions_never_cross,
+    another_qps_completions_end_nothing_here,
+    foreign_pd_and_too_many_sges_are_refused_whole,
+    a_full_queue_refuses_the_call_whole_with_queue_full,
+    nothing_lent_is_lost_by_err_overrun_reset_or_destroy,
 ];
 
 /// How long to watch for something that must *not* happen.
@@ -193,7 +174,7 @@ fn refused(r: Result<(), PostError>, what: &str) -> Result<(Error, Vec<Chunk>), 
     }
 }
 
-/// Class 1: `post_send([])`, `post_recv([])` and an SRQ's `post_recv([])`
+/// `post_send([])`, `post_recv([])` and an SRQ's `post_recv([])`
 /// on a fresh QP, and after real posts were reclaimed: no crash, nothing
 /// outstanding, and the device never writes a chunk the caller holds (the
 /// old code re-posted the previous, reclaimed receive).
@@ -261,7 +242,7 @@ fn empty_posts_post_nothing(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Class 2: a send posted below RTS is refused before the provider is
+/// A send posted below RTS is refused before the provider is
 /// asked (rxe would write it into its ring, fail the doorbell, and run it
 /// once a later post rings the doorbell in RTS), its chunk comes back in
 /// the error, and it never runs: after the QP reaches RTS (INIT -> RTR ->
@@ -379,7 +360,7 @@ fn sends_below_rts_never_reach_the_provider(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Class 3: an SRQ's completions and a QP's own never cross, whatever was
+/// An SRQ's completions and a QP's own never cross, whatever was
 /// posted before (the old ids met after 4096 SRQ post calls): reclaiming a
 /// receive completion through the QP or the SRQ hands back that receive
 /// alone, once; a send completion reclaimed twice, or a flushed one after
@@ -501,7 +482,7 @@ fn srq_and_qp_completions_never_cross(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Class 4: a chunk of a PD of *another context* (whose kernel PD handle
+/// A chunk of a PD of *another context* (whose kernel PD handle
 /// equals ours: handles restart at 0 in every context) is refused, and a
 /// request with more chunks than `MAX_SGE` is refused with every chunk
 /// handed back (the old code dropped some).
@@ -579,7 +560,7 @@ fn foreign_pd_and_too_many_sges_are_refused_whole(env: &Env) -> Result<(), Faile
 /// before the call, as [`Error::QueueFull`] naming the queue and the
 /// counts; every chunk back in request order; nothing left outstanding
 /// by the refused call; the same call again refused the same way.
-fn a_full_queue_refuses_the_call_whole(env: &Env) -> Result<(), Failed> {
+fn a_full_queue_refuses_the_call_whole_with_queue_full(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, AccessFlags::empty())?;
     let full = |e: &Error, queue: &str, requests: usize, room: usize, held: usize| {
         matches!(e, Error::QueueFull { queue: q, requests: n, room: r, outstanding: o, .. }
@@ -668,10 +649,10 @@ fn a_full_queue_refuses_the_call_whole(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Class 5: nothing lent is lost. A receive posted in ERR is refused (rxe
+/// Nothing lent is lost. A receive posted in ERR is refused (rxe
 /// would never complete it); after a CQ overrun a RESET hands back every
 /// outstanding chunk; destroying a QP hands back what it held.
-fn nothing_lent_is_lost(env: &Env) -> Result<(), Failed> {
+fn nothing_lent_is_lost_by_err_overrun_reset_or_destroy(env: &Env) -> Result<(), Failed> {
     // ERR: receives refused with the chunk back; sends are flushed.
     let mut p = pair(env, AccessFlags::empty())?;
     p.b.modify(&QpAttr::new().state(QpState::Err))?;

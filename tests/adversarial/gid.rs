@@ -1,4 +1,4 @@
-//! Class 5 of issue 7, GID part: an empty (unused) entry of a port's GID
+//! An empty (unused) entry of a port's GID
 //! table. `query_gid` used to return `Ok(::)` for it and `local_endpoint`
 //! with such a `gid_index` announced a zero GID; both must be errors that
 //! name the index and the port.
@@ -7,17 +7,11 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::{ConnectOptions, Psn};
 use rdma_verbs::{Error, QpInitAttr, QpState, QpType};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "gid::query_gid_of_an_empty_entry_is_an_error",
-        query_gid_of_an_empty_entry_is_an_error,
-    ),
-    (
-        "gid::local_endpoint_with_an_empty_gid_index_fails",
-        local_endpoint_with_an_empty_gid_index_fails,
-    ),
+pub const TESTS: &[Test] = tests![
+    query_gid_of_an_empty_entry_is_an_error,
+    local_endpoint_with_an_empty_gid_index_fails,
 ];
 
 /// Checks that `result` is the empty-entry error of `verb` for `index`.

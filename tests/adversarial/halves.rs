@@ -17,34 +17,16 @@ use rdma_verbs::{
 
 use crate::common::{connect, deadline, poll_n, Env};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "halves::two_threads_at_full_depth_borrowed",
-        two_threads_at_full_depth_borrowed,
-    ),
-    (
-        "halves::two_threads_at_full_depth_owned",
-        two_threads_at_full_depth_owned,
-    ),
-    (
-        "halves::leaked_owned_half_keeps_the_qp_alive",
-        leaked_owned_half_keeps_the_qp_alive,
-    ),
-    (
-        "halves::dropped_halves_free_chunks_only_after_the_qp",
-        dropped_halves_free_chunks_only_after_the_qp,
-    ),
-    (
-        "halves::reunite_keeps_what_is_outstanding",
-        reunite_keeps_what_is_outstanding,
-    ),
-    (
-        "halves::panicking_iterators_leave_each_half_as_it_was",
-        panicking_iterators_leave_each_half_as_it_was,
-    ),
+pub const TESTS: &[Test] = tests![
+    two_threads_at_full_depth_borrowed,
+    two_threads_at_full_depth_owned,
+    leaked_owned_half_keeps_the_qp_alive,
+    dropped_halves_free_chunks_only_after_the_qp,
+    reunite_keeps_what_is_outstanding,
+    panicking_iterators_leave_each_half_as_it_was,
 ];
 
-use crate::common::TestFn;
+use crate::common::Test;
 
 /// Queue depth of the exchange QPs.
 const DEPTH: u32 = 16;

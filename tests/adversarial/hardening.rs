@@ -1,9 +1,8 @@
 //! Attacks from safe code that used to hang the process, lose queue room
-//! or crash rxe's kernel (issue 17): caller code that re-enters the crate
-//! while a crate lock is held (class 1), guards leaked with
-//! `std::mem::forget` (class 2), a SEND_WITH_INV naming a window that is
-//! not bound (class 4), a caller's iterator that panics halfway (class 5),
-//! and what a RESET leaves in the crate's records (class 8).
+//! or crash rxe's kernel: caller code that re-enters the crate while a
+//! crate lock is held, guards leaked with `std::mem::forget`, a
+//! SEND_WITH_INV naming a window that is not bound, a caller's iterator
+//! that panics halfway, and what a RESET leaves in the crate's records.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -14,40 +13,19 @@ use rdma_verbs::{
     SharedReceiveQueue, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, pair, poll_n, Env, TestFn};
+use crate::common::{connect, pair, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "adversarial::srq_iterator_reenters_the_srq",
-        srq_iterator_reenters,
-    ),
-    (
-        "adversarial::srq_iterator_dropped_uses_the_srq",
-        srq_iterator_drop_reenters,
-    ),
-    (
-        "adversarial::leaked_batch_refuses_sends_not_spins",
-        leaked_batch,
-    ),
-    ("adversarial::leaked_cq_poll_refuses_not_spins", leaked_poll),
-    (
-        "adversarial::panicking_iterator_loses_no_queue_room",
-        panicking_iterator,
-    ),
-    (
-        "adversarial::window_key_after_reset_cut_a_bind_short",
-        bind_cut_short_by_reset,
-    ),
+pub const TESTS: &[Test] = tests![
+    srq_iterator_reenters_the_srq,
+    srq_iterator_dropped_uses_the_srq,
+    leaked_batch_refuses_sends_not_spins,
+    leaked_cq_poll_refuses_not_spins,
+    panicking_iterator_loses_no_queue_room,
+    window_key_after_reset_cut_a_bind_short,
     #[cfg(feature = "cm")]
-    (
-        "adversarial::forgotten_cm_event_leaks_never_hangs",
-        forgotten_cm_event,
-    ),
+    forgotten_cm_event_leaks_never_hangs,
     // Last: before the fix this one took the VM's kernel down.
-    (
-        "adversarial::zz_send_with_inv_of_unbound_window_refused",
-        send_with_inv_unbound,
-    ),
+    zz_send_with_inv_of_unbound_window_refused,
 ];
 
 fn chunks(pd: &ProtectionDomain, n: usize) -> Result<Vec<Chunk>, Failed> {
@@ -61,7 +39,7 @@ fn is_leaked(e: &Error) -> bool {
 /// The caller's iterator of `SharedReceiveQueue::post_recv` reads, formats,
 /// reclaims on and posts to the same SRQ (it ran under the SRQ's mutex:
 /// the first of these deadlocked).
-fn srq_iterator_reenters(env: &Env) -> Result<(), Failed> {
+fn srq_iterator_reenters_the_srq(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let srq = pd.create_srq(16, 1, 0)?;
     let mut bufs = chunks(&pd, 3)?;
@@ -127,7 +105,7 @@ impl<I> Drop for Touches<I> {
     }
 }
 
-fn srq_iterator_drop_reenters(env: &Env) -> Result<(), Failed> {
+fn srq_iterator_dropped_uses_the_srq(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let srq = pd.create_srq(8, 1, 0)?;
     let counted = std::rc::Rc::new(std::cell::Cell::new(0));
@@ -148,7 +126,7 @@ fn srq_iterator_drop_reenters(env: &Env) -> Result<(), Failed> {
 
 /// A batch forgotten while open: the provider's send-queue lock stays
 /// held, so every later send on the QP used to spin forever.
-fn leaked_batch(env: &Env) -> Result<(), Failed> {
+fn leaked_batch_refuses_sends_not_spins(env: &Env) -> Result<(), Failed> {
     let crate::common::Pair {
         pd,
         cq: _cq,
@@ -229,7 +207,7 @@ fn leaked_batch(env: &Env) -> Result<(), Failed> {
 
 /// A poll batch forgotten while open: the CQ's lock stays held, so the
 /// next `start_poll` used to spin forever. Each part on a CQ of its own.
-fn leaked_poll(env: &Env) -> Result<(), Failed> {
+fn leaked_cq_poll_refuses_not_spins(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let (start, limit) = (std::time::Instant::now(), crate::common::deadline());
     // A CQ, two QPs on it, and one send from the first to the second.
@@ -331,7 +309,7 @@ fn let_go<F: rdma_verbs::cq_ex::FieldSet>(
 
 /// A caller's iterator that panics after two requests: they were recorded
 /// but never posted, and held queue room until a RESET.
-fn panicking_iterator(env: &Env) -> Result<(), Failed> {
+fn panicking_iterator_loses_no_queue_room(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_wr: 4,
         max_recv_wr: 4,
@@ -423,7 +401,7 @@ fn panicking_iterator(env: &Env) -> Result<(), Failed> {
 /// The crate used to keep the lost bind's key, so the next bind named it
 /// and failed with IBV_WC_MW_BIND_ERR; now the window says its key is
 /// unknown and refuses binds.
-fn bind_cut_short_by_reset(env: &Env) -> Result<(), Failed> {
+fn window_key_after_reset_cut_a_bind_short(env: &Env) -> Result<(), Failed> {
     let crate::common::Pair {
         pd,
         cq,
@@ -488,7 +466,7 @@ fn bind_cut_short_by_reset(env: &Env) -> Result<(), Failed> {
 /// A CM event forgotten: it keeps its id alive (leaked), so nothing waits
 /// for its acknowledgement, and the program goes on.
 #[cfg(feature = "cm")]
-fn forgotten_cm_event(env: &Env) -> Result<(), Failed> {
+fn forgotten_cm_event_leaks_never_hangs(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::cm::{CmEventKind, EventChannel, PortSpace};
     let t = crate::common::deadline();
     let addr = std::net::SocketAddr::new(crate::common::cm_addr(env)?, 0);
@@ -513,7 +491,7 @@ fn forgotten_cm_event(env: &Env) -> Result<(), Failed> {
 /// SEND_WITH_INV naming a type 2 window of the same device that was never
 /// bound: Linux 6.1's rxe dereferenced the window's absent region and the
 /// kernel died within a second. Refused before the call now, on both paths.
-fn send_with_inv_unbound(env: &Env) -> Result<(), Failed> {
+fn zz_send_with_inv_of_unbound_window_refused(env: &Env) -> Result<(), Failed> {
     let crate::common::Pair {
         pd,
         cq: _cq,

@@ -1,6 +1,7 @@
 //! Adversarial device tests: each tries to break one promise of the safe
 //! API from safe code only (no `unsafe` in this test binary), on a real
-//! device (soft-RoCE in the VM run). One test per class of issue 7.
+//! device (soft-RoCE in the VM run). Which promise each module attacks:
+//! `src/guide/promises.md` names its tests under each promise.
 #![forbid(unsafe_code)]
 
 #[path = "../common/mod.rs"]
@@ -49,51 +50,51 @@ const NEEDS: &[(&str, Need)] = &[
         Need::ExtendedQp,
     ),
     (
-        "adversarial::cq_poll_past_its_end_calls_nothing_round_the_ring",
+        "cq_ex::cq_poll_past_its_end_calls_nothing_round_the_ring",
         Need::ExtendedCq,
     ),
     (
-        "adversarial::cq_poll_dropped_before_next_loses_no_buffer",
+        "cq_ex::cq_poll_dropped_before_next_loses_no_buffer",
         Need::ExtendedCq,
     ),
     (
-        "adversarial::leaked_cq_poll_refuses_not_spins",
+        "hardening::leaked_cq_poll_refuses_not_spins",
         Need::ExtendedCq,
     ),
     (
-        "adversarial::mw_handles_dropped_while_binding_keep_window_and_region",
+        "mw::handles_dropped_while_binding_keep_window_and_region",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::mw_bind_completion_moves_the_window_once_on_its_qp",
+        "mw::bind_completion_moves_the_window_once_on_its_qp",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::mw_never_bound_or_invalidated_twice_at_once",
+        "mw::never_bound_or_invalidated_twice_at_once",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::mw_never_bound_windows_refuse_invalidate_and_unbind",
+        "mw::never_bound_windows_refuse_invalidate_and_unbind",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::mw_type1_rebound_elsewhere_while_binding_region_closed",
+        "mw::type1_rebound_elsewhere_while_binding_region_closed",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::predict_batch_read_into_region_without_local_write_is_refused",
+        "predict::batch_read_into_region_without_local_write_is_refused",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::leaked_batch_refuses_sends_not_spins",
+        "hardening::leaked_batch_refuses_sends_not_spins",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::window_key_after_reset_cut_a_bind_short",
+        "hardening::window_key_after_reset_cut_a_bind_short",
         Need::ExtendedQp,
     ),
     (
-        "adversarial::zz_send_with_inv_of_unbound_window_refused",
+        "hardening::zz_send_with_inv_of_unbound_window_refused",
         Need::ExtendedQp,
     ),
 ];

@@ -11,29 +11,14 @@ use rdma_verbs::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{poll_n, Env, TestFn};
+use crate::common::{poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "adversarial::mw_handles_dropped_while_binding_keep_window_and_region",
-        handles_dropped,
-    ),
-    (
-        "adversarial::mw_bind_completion_moves_the_window_once_on_its_qp",
-        completion_once,
-    ),
-    (
-        "adversarial::mw_never_bound_or_invalidated_twice_at_once",
-        twice_at_once,
-    ),
-    (
-        "adversarial::mw_never_bound_windows_refuse_invalidate_and_unbind",
-        never_bound,
-    ),
-    (
-        "adversarial::mw_type1_rebound_elsewhere_while_binding_region_closed",
-        rebound_while_binding,
-    ),
+pub const TESTS: &[Test] = tests![
+    handles_dropped_while_binding_keep_window_and_region,
+    bind_completion_moves_the_window_once_on_its_qp,
+    never_bound_or_invalidated_twice_at_once,
+    never_bound_windows_refuse_invalidate_and_unbind,
+    type1_rebound_elsewhere_while_binding_region_closed,
 ];
 
 /// Two connected RC QPs (`a` binds, `b` is the peer), extended with every
@@ -84,7 +69,7 @@ fn peer_read(r: &mut Rig, addr: u64, rkey: u32, len: usize) -> Result<(WcStatus,
 /// both, so the peer still reads the region's bytes through the rkey (under
 /// valgrind, a freed buffer would show); once the bind is reclaimed, the
 /// last hold goes, the window is deallocated and the rkey refused.
-fn handles_dropped(env: &Env) -> Result<(), Failed> {
+fn handles_dropped_while_binding_keep_window_and_region(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 8192)?;
     let mut mw = r.pd.alloc_mw(MwType::Type2)?;
@@ -119,7 +104,7 @@ fn handles_dropped(env: &Env) -> Result<(), Failed> {
 /// the window binding; on its own QP it binds the window once; again, it
 /// ends nothing and changes nothing (the window stays bound and can be
 /// invalidated exactly once).
-fn completion_once(env: &Env) -> Result<(), Failed> {
+fn bind_completion_moves_the_window_once_on_its_qp(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 4096)?;
     let mut mw = r.pd.alloc_mw(MwType::Type2)?;
@@ -153,7 +138,7 @@ fn completion_once(env: &Env) -> Result<(), Failed> {
 /// A type 2 window is not bound again while bound or binding (on any QP),
 /// nor invalidated twice (posted, or twice in one batch); each refusal
 /// leaves the window's rkey and state as they were, and the batch open.
-fn twice_at_once(env: &Env) -> Result<(), Failed> {
+fn never_bound_or_invalidated_twice_at_once(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 4096)?;
     let mut mw = r.pd.alloc_mw(MwType::Type2)?;
@@ -211,7 +196,7 @@ fn twice_at_once(env: &Env) -> Result<(), Failed> {
 /// is not unbound (the request names the bound region) nor invalidated,
 /// a type 2 one is not unbound. Each refusal posts nothing and leaves the
 /// window as it was: both bind normally afterwards.
-fn never_bound(env: &Env) -> Result<(), Failed> {
+fn never_bound_windows_refuse_invalidate_and_unbind(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let mr = region(&r.pd, 4096)?;
     let mut w2 = r.pd.alloc_mw(MwType::Type2)?;
@@ -274,7 +259,7 @@ fn never_bound(env: &Env) -> Result<(), Failed> {
 /// tries to close B (refused: the window holds it). Both binds end once;
 /// the window's key is the second; B is read through it, and the first
 /// key reaches nothing.
-fn rebound_while_binding(env: &Env) -> Result<(), Failed> {
+fn type1_rebound_elsewhere_while_binding_region_closed(env: &Env) -> Result<(), Failed> {
     let mut r = rig(env)?;
     let a = region(&r.pd, 4096)?;
     let b = region(&r.pd, 8192)?;

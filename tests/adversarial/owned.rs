@@ -8,25 +8,13 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Error, QpCaps, QpState, QpType, Refused};
 
-use crate::common::{pair, poll_n, reclaim_on as reclaim, Env, Pair, TestFn};
+use crate::common::{pair, poll_n, reclaim_on as reclaim, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "owned::refusals_hand_the_buffer_back_unchanged",
-        refusals_hand_back,
-    ),
-    (
-        "owned::close_with_chunks_outstanding_or_forgotten",
-        close_with_chunks_out,
-    ),
-    (
-        "owned::rereg_and_rejoin_refused_while_posted",
-        rereg_while_posted,
-    ),
-    (
-        "owned::zero_length_one_byte_and_misaligned_buffers",
-        odd_buffers,
-    ),
+pub const TESTS: &[Test] = tests![
+    refusals_hand_the_buffer_back_unchanged,
+    close_with_chunks_outstanding_or_forgotten,
+    rereg_and_rejoin_refused_while_posted,
+    zero_length_one_byte_and_misaligned_buffers,
 ];
 
 fn rc_pair(env: &Env) -> Result<Pair, Failed> {
@@ -47,7 +35,7 @@ fn refused<T, R>(r: Result<T, Refused<R>>, what: &str) -> Result<(Error, R), Fai
 
 /// Each refusal names what was wrong and hands back the very buffer (the
 /// same allocation, same capacity), or the region, which still works.
-fn refusals_hand_back(env: &Env) -> Result<(), Failed> {
+fn refusals_hand_the_buffer_back_unchanged(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let empty = Vec::<u8>::with_capacity(100);
     let ptr = empty.as_ptr();
@@ -108,7 +96,7 @@ fn refusals_hand_back(env: &Env) -> Result<(), Failed> {
 
 /// Chunks out: the buffer is refused (with the region back, still
 /// registered and working); a forgotten chunk keeps it refused for good.
-fn close_with_chunks_out(env: &Env) -> Result<(), Failed> {
+fn close_with_chunks_outstanding_or_forgotten(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     let mr =
         p.pd.register_owned(vec![0u8; 4 * 256], AccessFlags::LOCAL_WRITE)?;
@@ -153,7 +141,7 @@ fn close_with_chunks_out(env: &Env) -> Result<(), Failed> {
 /// A region whose chunk is posted cannot be rejoined (so not re-registered:
 /// only a `MemoryRegion` has `rereg_*`); once RESET hands the receive back
 /// and it is dropped, it can.
-fn rereg_while_posted(env: &Env) -> Result<(), Failed> {
+fn rereg_and_rejoin_refused_while_posted(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     let mr =
         p.pd.register_owned(vec![1u8; 4096], AccessFlags::LOCAL_WRITE)?;
@@ -188,7 +176,7 @@ fn rereg_while_posted(env: &Env) -> Result<(), Failed> {
 /// buffers at odd addresses (a `BytesMut` split at 1 and at 4095) work for
 /// RDMA write and read at their very edges, and the bytes beside them
 /// (another handle's) are never touched.
-fn odd_buffers(env: &Env) -> Result<(), Failed> {
+fn zero_length_one_byte_and_misaligned_buffers(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     let (e, _) = refused(
         p.pd.register_owned(Vec::new(), AccessFlags::LOCAL_WRITE),

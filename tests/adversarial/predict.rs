@@ -1,8 +1,7 @@
-//! Issue 17, classes 6 and 7, from safe code: requests the device is sure
-//! to fail, which the crate can see, are refused before the provider call
-//! with every chunk handed back (class 6); and the known state follows the
-//! device after an error or flush completion, or a fatal async event
-//! (class 7).
+//! From safe code: requests the device is sure to fail, which the crate
+//! can see, are refused before the provider call with every chunk handed
+//! back; and the known state follows the device after an error or flush
+//! completion, or a fatal async event.
 //!
 //! Before the fix each test shows the bad behaviour in its failure message:
 //! the request is posted and what the device then does with it, or the
@@ -14,41 +13,17 @@ use rdma_verbs::{
     AccessFlags, AsyncEvent, Chunk, Error, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion,
 };
 
-use crate::common::{connect, pair, poll_n, remote_region, ud_dest, Env, TestFn};
+use crate::common::{connect, pair, poll_n, remote_region, ud_dest, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "adversarial::predict_recv_into_region_without_local_write_is_refused",
-        recv_readonly,
-    ),
-    (
-        "adversarial::predict_srq_recv_into_region_without_local_write_is_refused",
-        srq_recv_readonly,
-    ),
-    (
-        "adversarial::predict_read_and_atomic_into_region_without_local_write_are_refused",
-        read_atomic_readonly,
-    ),
-    (
-        "adversarial::predict_batch_read_into_region_without_local_write_is_refused",
-        batch_read_readonly,
-    ),
-    (
-        "adversarial::predict_ud_recv_without_room_for_the_grh_is_refused",
-        ud_recv_no_grh_room,
-    ),
-    (
-        "adversarial::predict_error_completion_moves_known_state_to_err",
-        error_completion_err,
-    ),
-    (
-        "adversarial::predict_flush_completion_moves_known_state_to_err",
-        flush_completion_err,
-    ),
-    (
-        "adversarial::predict_responder_error_shows_after_its_event_or_resync",
-        fatal_event,
-    ),
+pub const TESTS: &[Test] = tests![
+    recv_into_region_without_local_write_is_refused,
+    srq_recv_into_region_without_local_write_is_refused,
+    read_and_atomic_into_region_without_local_write_are_refused,
+    batch_read_into_region_without_local_write_is_refused,
+    ud_recv_without_room_for_the_grh_is_refused,
+    error_completion_moves_known_state_to_err,
+    flush_completion_moves_known_state_to_err,
+    responder_error_shows_after_its_event_or_resync,
 ];
 
 /// One chunk of `len` bytes of a region registered with `access` only.
@@ -128,7 +103,7 @@ fn show_recv_fate(
 
 /// A receive into a chunk of a region without LOCAL_WRITE: before the fix
 /// it is posted, and the send that lands in it kills both QPs.
-fn recv_readonly(env: &Env) -> Result<(), Failed> {
+fn recv_into_region_without_local_write_is_refused(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
     let before = p.b.outstanding_recvs();
     let r =
@@ -147,7 +122,7 @@ fn recv_readonly(env: &Env) -> Result<(), Failed> {
 }
 
 /// The same through an SRQ, which must check it too.
-fn srq_recv_readonly(env: &Env) -> Result<(), Failed> {
+fn srq_recv_into_region_without_local_write_is_refused(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
     let srq = pd.create_srq(16, 1, 0)?;
@@ -186,7 +161,7 @@ type MakeOp = fn(RemoteAddr) -> SendOp;
 
 /// RDMA READ and atomics write their local entry: into a chunk without
 /// LOCAL_WRITE they are refused (one QP pair each, as a posted one kills it).
-fn read_atomic_readonly(env: &Env) -> Result<(), Failed> {
+fn read_and_atomic_into_region_without_local_write_are_refused(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_WRITE;
     let ops: [(&str, MakeOp); 2] = [
         ("RDMA_READ", SendOp::RdmaRead),
@@ -227,7 +202,7 @@ fn read_atomic_readonly(env: &Env) -> Result<(), Failed> {
 }
 
 /// The same check on the extended batch path.
-fn batch_read_readonly(env: &Env) -> Result<(), Failed> {
+fn batch_read_into_region_without_local_write_is_refused(env: &Env) -> Result<(), Failed> {
     let crate::common::Pair {
         pd,
         cq,
@@ -263,7 +238,7 @@ fn batch_read_readonly(env: &Env) -> Result<(), Failed> {
 /// A UD receive of 16 bytes on RoCE, where every datagram carries a 40-byte
 /// GRH the device writes first: before the fix it is posted and the next
 /// datagram fails it with a local QP operation error.
-fn ud_recv_no_grh_room(env: &Env) -> Result<(), Failed> {
+fn ud_recv_without_room_for_the_grh_is_refused(env: &Env) -> Result<(), Failed> {
     if !env.ctx.query_port(env.port)?.grh_required() {
         eprintln!("port {} needs no GRH: nothing to refuse", env.port);
         return Ok(());
@@ -346,7 +321,7 @@ fn pair_with_a_bad_rkey(
 
 /// An RDMA WRITE to an rkey the peer never gave: the sender's completion is
 /// an error (the device moved the QP to ERR), and reclaiming it records ERR.
-fn error_completion_err(env: &Env) -> Result<(), Failed> {
+fn error_completion_moves_known_state_to_err(env: &Env) -> Result<(), Failed> {
     let (mut p, _mr, bad) = pair_with_a_bad_rkey(env)?;
     let src = chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?;
     p.a.post_send([SendWr::new(1, SendOp::RdmaWrite(bad)).sge(src)])?;
@@ -363,7 +338,7 @@ fn error_completion_err(env: &Env) -> Result<(), Failed> {
 
 /// A failing write with a send behind it: reclaiming only the flushed
 /// send's completion (which ends both) records ERR too.
-fn flush_completion_err(env: &Env) -> Result<(), Failed> {
+fn flush_completion_moves_known_state_to_err(env: &Env) -> Result<(), Failed> {
     let (mut p, _mr, bad) = pair_with_a_bad_rkey(env)?;
     p.a.post_send([
         SendWr::new(1, SendOp::RdmaWrite(bad)).sge(chunk(&p.pd, 8, AccessFlags::LOCAL_WRITE)?),
@@ -389,7 +364,7 @@ fn flush_completion_err(env: &Env) -> Result<(), Failed> {
 /// reading the event records the device's state; rxe on Linux 6.1 raises
 /// none (measured), and then the known state catches up at `resync`, as
 /// `QueuePair::state` documents.
-fn fatal_event(env: &Env) -> Result<(), Failed> {
+fn responder_error_shows_after_its_event_or_resync(env: &Env) -> Result<(), Failed> {
     let (mut p, _mr, bad) = pair_with_a_bad_rkey(env)?;
     let ctx = env.ctx.clone();
     let (tx, rx) = std::sync::mpsc::channel();

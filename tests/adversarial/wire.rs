@@ -12,18 +12,12 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::{Endpoint, Psn, QpNum};
 use rdma_verbs::{Error, RemoteBuf};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "wire::every_mutation_of_an_endpoint_record",
-        endpoint_mutations,
-    ),
-    (
-        "wire::every_mutation_of_a_remote_buf_record",
-        remote_buf_mutations,
-    ),
-    ("wire::remote_buf_at_extremes", remote_buf_at_extremes),
+pub const TESTS: &[Test] = tests![
+    every_mutation_of_an_endpoint_record,
+    every_mutation_of_a_remote_buf_record,
+    remote_buf_at_extremes,
 ];
 
 /// Bytes every position is replaced with: hex digits of both cases, the
@@ -61,7 +55,7 @@ fn variants(good: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
-fn endpoint_mutations(_env: &Env) -> Result<(), Failed> {
+fn every_mutation_of_an_endpoint_record(_env: &Env) -> Result<(), Failed> {
     let ep = Endpoint {
         lid: 0x1a,
         qpn: QpNum::new(0xb1)?,
@@ -100,7 +94,7 @@ fn endpoint_mutations(_env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn remote_buf_mutations(_env: &Env) -> Result<(), Failed> {
+fn every_mutation_of_a_remote_buf_record(_env: &Env) -> Result<(), Failed> {
     let good = RemoteBuf {
         addr: 0x0000_7f12_3456_7000,
         rkey: 0x00ab_cdef,

@@ -35,6 +35,11 @@ pub struct Env {
 
 pub type TestFn = fn(&Env) -> Result<(), Failed>;
 
+// The tables of tests, each named by its function's path (`tests!`).
+#[macro_use]
+pub mod registry;
+pub use registry::Test;
+
 /// Whether the run demands a device.
 pub fn device_required() -> bool {
     matches!(
@@ -120,7 +125,7 @@ fn unsupported_allowed() -> bool {
 }
 
 /// Runs `tests` as libtest-mimic trials, with the command line's arguments.
-pub fn run(binary: &str, tests: &[(&'static str, TestFn)]) -> ExitCode {
+pub fn run(binary: &str, tests: &[Test]) -> ExitCode {
     run_needing(binary, tests, &[])
 }
 
@@ -129,11 +134,7 @@ pub fn run(binary: &str, tests: &[(&'static str, TestFn)]) -> ExitCode {
 /// a prefix followed by `*`.
 /// A test whose need the device refuses is skipped with the refusal as
 /// its reason when the run allows it (see the module's docs).
-pub fn run_needing(
-    binary: &str,
-    tests: &[(&'static str, TestFn)],
-    needs: &[(&'static str, Need)],
-) -> ExitCode {
+pub fn run_needing(binary: &str, tests: &[Test], needs: &[(&'static str, Need)]) -> ExitCode {
     run_with(binary, tests, needs, Arguments::from_args())
 }
 
@@ -175,7 +176,7 @@ fn refusals(binary: &str, needs: &[(&'static str, Need)]) -> Vec<(Need, String)>
 /// Runs `tests` as libtest-mimic trials; `needs` as for [`run_needing`].
 pub fn run_with(
     binary: &str,
-    tests: &[(&'static str, TestFn)],
+    tests: &[Test],
     needs: &[(&'static str, Need)],
     args: Arguments,
 ) -> ExitCode {
@@ -187,20 +188,20 @@ pub fn run_with(
 /// here (a C program of another shape), never what they check failing.
 pub fn run_ignoring(
     binary: &str,
-    tests: &[(&'static str, TestFn)],
+    tests: &[Test],
     needs: &[(&'static str, Need)],
     ignored: &[(&'static str, String)],
     args: Arguments,
 ) -> ExitCode {
     for (name, why) in ignored {
-        if !tests.iter().any(|&(t, _)| t == *name) {
+        if !tests.iter().any(|t| t.name() == *name) {
             eprintln!("{binary}: `{name}` is no test");
             return ExitCode::FAILURE;
         }
         eprintln!("{binary}: SKIPPED {name}: {why}");
     }
     for &(pat, _) in needs {
-        if !tests.iter().any(|&(name, _)| matches_need(name, pat)) {
+        if !tests.iter().any(|t| matches_need(t.name(), pat)) {
             eprintln!("{binary}: the need `{pat}` names no test");
             return ExitCode::FAILURE;
         }
@@ -246,7 +247,8 @@ pub fn run_ignoring(
     };
     let trials = tests
         .iter()
-        .map(|&(name, f)| {
+        .map(|t| {
+            let (name, f) = (t.name(), t.f);
             let why = needs
                 .iter()
                 .filter(|&&(pat, _)| matches_need(name, pat))

@@ -7,24 +7,15 @@ use rdma_verbs::qp::{
 };
 use rdma_verbs::{AccessFlags, Error, QpCaps, QpInitAttr, QpState, QpType, WorkCompletion};
 
-use crate::common::{deadline, Env, TestFn};
+use crate::common::{deadline, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "bring_up::ud_reaches_rts_with_its_attributes",
-        ud_reaches_rts,
-    ),
-    (
-        "bring_up::refused_on_other_types_and_states",
-        refused_on_other_types_and_states,
-    ),
-    (
-        "bring_up::datagram_between_brought_up_qps_names_its_sender",
-        datagram_names_its_sender,
-    ),
+pub const TESTS: &[Test] = tests![
+    ud_reaches_rts_with_its_attributes,
+    refused_on_other_types_and_states,
+    datagram_between_brought_up_qps_names_its_sender,
 ];
 
-fn ud_reaches_rts(env: &Env) -> Result<(), Failed> {
+fn ud_reaches_rts_with_its_attributes(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     let psn = Psn::new(0x12_3456)?;
@@ -132,7 +123,7 @@ fn refused_on_other_types_and_states(env: &Env) -> Result<(), Failed> {
 
 /// Two UD QPs brought up on their own exchange a datagram; the receive's
 /// `src_qp` is the sender's [`QpNum`].
-fn datagram_names_its_sender(env: &Env) -> Result<(), Failed> {
+fn datagram_between_brought_up_qps_names_its_sender(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     let qkey = QKey(0x0bad_cafe);

@@ -7,37 +7,16 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, QpType};
 
-use crate::common::{pair, poll_n, Env, TestFn};
+use crate::common::{pair, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "by_value::reclaim_one_hands_back_the_request_to_repost",
-        reclaim_one_reposts,
-    ),
-    (
-        "by_value::a_flushed_receive_shows_its_kind_and_the_callers_id",
-        flushed_kind,
-    ),
-    (
-        "by_value::post_recv_one_reposts_and_refuses_misuse",
-        recv_one,
-    ),
-    (
-        "by_value::bookkeeping_is_48_bytes_a_queue_slot",
-        bookkeeping_bytes,
-    ),
-    (
-        "by_value::send_templates_post_streams_and_refuse_misuse",
-        templates,
-    ),
-    (
-        "by_value::a_template_source_stays_with_the_qp_until_its_requests_end",
-        template_sources,
-    ),
-    (
-        "by_value::post_template_one_posts_one_request_and_refuses_misuse",
-        template_one,
-    ),
+pub const TESTS: &[Test] = tests![
+    reclaim_one_hands_back_the_request_to_repost,
+    a_flushed_receive_shows_its_kind_and_the_callers_id,
+    post_recv_one_reposts_and_refuses_misuse,
+    bookkeeping_is_48_bytes_a_queue_slot,
+    send_templates_post_streams_and_refuse_misuse,
+    a_template_source_stays_with_the_qp_until_its_requests_end,
+    post_template_one_posts_one_request_and_refuses_misuse,
 ];
 
 /// The QPs of these tests (and of `template_pins`): 16 requests each way.
@@ -53,7 +32,7 @@ pub(crate) fn caps() -> QpCaps {
 /// from `reclaim_one` (no callback, no collection), and a send completion
 /// that also ends earlier unsignalled sends leaves them in
 /// `take_released`.
-fn reclaim_one_reposts(env: &Env) -> Result<(), Failed> {
+fn reclaim_one_hands_back_the_request_to_repost(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     for c in p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)? {
         p.b.post_recv([RecvWr::new(100).sge(c)])?;
@@ -140,7 +119,7 @@ fn reclaim_one_reposts(env: &Env) -> Result<(), Failed> {
 
 /// A receive flushed by ERR: its opcode is undefined (the crate says
 /// so), but its kind and the caller's id come back.
-fn flushed_kind(env: &Env) -> Result<(), Failed> {
+fn a_flushed_receive_shows_its_kind_and_the_callers_id(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let c =
         p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
@@ -174,7 +153,7 @@ fn flushed_kind(env: &Env) -> Result<(), Failed> {
 /// `post_recv` refuses is refused the same way, with the chunk handed
 /// back and nothing recorded: a chunk of another PD, one the device may
 /// not write, no room, RESET, a UD receive under the GRH's 40 bytes.
-fn recv_one(env: &Env) -> Result<(), Failed> {
+fn post_recv_one_reposts_and_refuses_misuse(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut rx =
         p.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
@@ -264,7 +243,7 @@ fn recv_one(env: &Env) -> Result<(), Failed> {
 /// A 256/256 QP's data-path bookkeeping: 48 bytes per queue slot in the
 /// ledgers, and nothing else (posts build their raw requests on the
 /// stack; a queue has scratch only after a chain longer than eight).
-fn bookkeeping_bytes(env: &Env) -> Result<(), Failed> {
+fn bookkeeping_is_48_bytes_a_queue_slot(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_wr: 256,
         max_recv_wr: 256,
@@ -288,7 +267,7 @@ fn bookkeeping_bytes(env: &Env) -> Result<(), Failed> {
 /// A template of an RDMA write posted 12 times (one signalled): the
 /// bytes land, the source's clones come back; misuse is refused before
 /// any call.
-fn templates(env: &Env) -> Result<(), Failed> {
+fn send_templates_post_streams_and_refuse_misuse(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::SharedChunk;
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
     let target = crate::common::remote_region(&p.pd, 64)?;
@@ -364,7 +343,7 @@ fn templates(env: &Env) -> Result<(), Failed> {
 /// `reclaim_chunks`, which visits no slot), and after a RESET;
 /// `template_source_mut` writes the source only when nothing else can
 /// reach it; owned chunks posted among template requests still come back.
-fn template_sources(env: &Env) -> Result<(), Failed> {
+fn a_template_source_stays_with_the_qp_until_its_requests_end(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::SharedChunk;
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
     let target = crate::common::remote_region(&p.pd, 64)?;
@@ -467,7 +446,7 @@ fn template_sources(env: &Env) -> Result<(), Failed> {
 /// another QP's template (one that outlived its QP too), a full send
 /// queue and RESET are refused with nothing recorded; the QP keeps a
 /// dropped template's source until its request ends.
-fn template_one(env: &Env) -> Result<(), Failed> {
+fn post_template_one_posts_one_request_and_refuses_misuse(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::SharedChunk;
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
     let target = crate::common::remote_region(&p.pd, 64)?;
@@ -523,7 +502,7 @@ fn template_one(env: &Env) -> Result<(), Failed> {
     }
     let q = later.last_mut().ok_or("no QP")?;
     eprintln!(
-        "template_one: the later QP is at the gone one's address: {}",
+        "post_template_one_posts_one_request_and_refuses_misuse: the later QP is at the gone one's address: {}",
         q.as_raw() as usize == old
     );
     let e = q

@@ -13,27 +13,24 @@ use rdma_verbs::{
     QueuePair,
 };
 
-use crate::common::{cm_addr, deadline, poll_n, Env, TestFn};
+use crate::common::{cm_addr, deadline, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "cm::connect_accept_disconnect_with_cm_qps",
-        connect_accept_disconnect,
-    ),
-    ("cm::server_disconnects_first", server_disconnects_first),
-    ("cm::reject_with_private_data", reject_with_private_data),
-    ("cm::connect_to_a_port_nobody_listens_on", no_listener),
-    ("cm::unreachable_address_times_out", unreachable_address),
-    ("cm::own_qps_moved_with_init_qp_attr", own_qps),
-    ("cm::uc_own_qps_on_a_tcp_id", uc_own_qps),
-    ("cm::ud_connect_and_datagram", ud_connect),
-    ("cm::ud_connect_to_nobody_is_unreachable", ud_unreachable),
-    ("cm::multicast_join_send_leave", multicast),
-    ("cm::checks_before_any_call", checks_before_any_call),
-    ("cm::held_event_keeps_its_id", held_event_keeps_its_id),
-    ("cm::untaken_request_is_rejected", untaken_request),
-    ("cm::non_blocking_reads", non_blocking_reads),
-    ("cm::extended_cm_qps_post_batches", extended_cm_qps),
+pub const TESTS: &[Test] = tests![
+    connect_accept_disconnect_with_cm_qps,
+    server_disconnects_first,
+    reject_with_private_data,
+    connect_to_a_port_nobody_listens_on,
+    unreachable_address_times_out,
+    own_qps_moved_with_init_qp_attr,
+    uc_own_qps_on_a_tcp_id,
+    ud_connect_and_datagram,
+    ud_connect_to_nobody_is_unreachable,
+    multicast_join_send_leave,
+    checks_before_any_call,
+    held_event_keeps_its_id,
+    untaken_request_is_rejected,
+    non_blocking_reads,
+    extended_cm_qps_post_batches,
 ];
 
 fn t() -> Duration {
@@ -247,7 +244,7 @@ fn ping(from: &mut Side, to: &mut Side, msg: &[u8]) -> Result<(), Failed> {
     Ok(())
 }
 
-fn connect_accept_disconnect(env: &Env) -> Result<(), Failed> {
+fn connect_accept_disconnect_with_cm_qps(env: &Env) -> Result<(), Failed> {
     let mut k = connected(env)?;
     ping(&mut k.c, &mut k.s, b"client to server")?;
     ping(&mut k.s, &mut k.c, b"server to client")?;
@@ -325,7 +322,7 @@ fn reject_with_private_data(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn no_listener(env: &Env) -> Result<(), Failed> {
+fn connect_to_a_port_nobody_listens_on(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
     // A port that was listened on and is free again.
@@ -354,7 +351,7 @@ fn no_listener(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn unreachable_address(env: &Env) -> Result<(), Failed> {
+fn unreachable_address_times_out(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let IpAddr::V4(v4) = ip else {
         return Err("the test needs an IPv4 address".into());
@@ -386,7 +383,7 @@ fn unreachable_address(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn own_qps(env: &Env) -> Result<(), Failed> {
+fn own_qps_moved_with_init_qp_attr(env: &Env) -> Result<(), Failed> {
     let Setup {
         sch,
         cch,
@@ -435,7 +432,7 @@ fn own_qps(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn uc_own_qps(env: &Env) -> Result<(), Failed> {
+fn uc_own_qps_on_a_tcp_id(env: &Env) -> Result<(), Failed> {
     let Setup {
         sch,
         cch,
@@ -480,7 +477,7 @@ fn uc_own_qps(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn ud_connect(env: &Env) -> Result<(), Failed> {
+fn ud_connect_and_datagram(env: &Env) -> Result<(), Failed> {
     let Setup {
         sch,
         cch,
@@ -567,7 +564,7 @@ fn ud_connect(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn ud_unreachable(env: &Env) -> Result<(), Failed> {
+fn ud_connect_to_nobody_is_unreachable(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
     // A UDP port that was listened on and is free again.
@@ -597,7 +594,7 @@ fn ud_unreachable(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn multicast(env: &Env) -> Result<(), Failed> {
+fn multicast_join_send_leave(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
     let ch = EventChannel::new()?;
@@ -610,7 +607,7 @@ fn multicast(env: &Env) -> Result<(), Failed> {
     let ud = ev.ud_info().ok_or("no UD parameters in the join")?;
     ensure!(
         ev.private_data().is_empty(),
-        "multicast event shows its context as data"
+        "multicast_join_send_leave event shows its context as data"
     );
     // Leaving while the join event is held would hang in librdmacm: refused.
     ensure!(
@@ -754,7 +751,7 @@ fn held_event_keeps_its_id(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn untaken_request(env: &Env) -> Result<(), Failed> {
+fn untaken_request_is_rejected(env: &Env) -> Result<(), Failed> {
     // Everything of `requested` lives to the end (a `..` pattern would drop
     // the client id at once, and its answer with it).
     let (k, c, req) = requested(env)?;
@@ -809,7 +806,7 @@ fn non_blocking_reads(env: &Env) -> Result<(), Failed> {
 /// as it moves basic ones, and they post through `ibv_wr_*` batches and
 /// `post_send` alike. An operation RC cannot post is refused before any
 /// call, leaving the id without a QP.
-fn extended_cm_qps(env: &Env) -> Result<(), Failed> {
+fn extended_cm_qps_post_batches(env: &Env) -> Result<(), Failed> {
     // Refused before any call: TSO (not offered) on a TCP id's RC QP, and
     // an RDMA read on a UDP id's UD QP.
     let k = setup(env, PortSpace::Tcp)?;

@@ -10,23 +10,17 @@ use rdma_verbs::cm::{CmEventKind, ConnParam, EventChannel, PortSpace};
 use rdma_verbs::{AccessFlags, Error, QpInitAttr, QpType, RemoteBuf};
 
 use crate::cm::{listener, resolved};
-use crate::common::{cm_addr, deadline, Env, TestFn};
+use crate::common::{cm_addr, deadline, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "cm_user::loopback_route_names_the_rdma_addresses",
-        loopback_route,
-    ),
-    (
-        "cm_user::remote_buf_sent_in_private_data_parses_padded",
-        remote_buf_in_private_data,
-    ),
+pub const TESTS: &[Test] = tests![
+    loopback_route_names_the_rdma_addresses,
+    remote_buf_sent_in_private_data_parses_padded,
 ];
 
 /// 127.0.0.1 resolves (to the loopback device), and then the route fails
 /// with ENODEV: the error names 127.0.0.1, says no RDMA device has it, and
 /// lists the test device's address as one that would work.
-fn loopback_route(env: &Env) -> Result<(), Failed> {
+fn loopback_route_names_the_rdma_addresses(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let ch = EventChannel::new()?;
     let id = ch.create_id(PortSpace::Tcp)?;
@@ -63,7 +57,7 @@ fn loopback_route(env: &Env) -> Result<(), Failed> {
 /// A client sends its region's wire record as the connect request's
 /// private data; the server's event shows it padded with zeros to the
 /// request's size, and `RemoteBuf::from_wire` takes it as it came.
-fn remote_buf_in_private_data(env: &Env) -> Result<(), Failed> {
+fn remote_buf_sent_in_private_data_parses_padded(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
     let (_listener, addr) = listener(&sch, ip, PortSpace::Tcp)?;

@@ -5,21 +5,18 @@ use rdma_verbs::{
     Context, DeviceList, Error, GidType, LinkLayer, NodeType, PortState, TransportType,
 };
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("context::open_by_name_and_first", open_by_name_and_first),
-    (
-        "context::device_list_describes_the_device",
-        device_list_describes_the_device,
-    ),
-    ("context::query_device", query_device),
-    ("context::query_port", query_port),
-    ("context::invalid_port_is_refused", invalid_port_is_refused),
-    ("context::gid_table", gid_table),
-    ("context::gid_index_out_of_range", gid_index_out_of_range),
-    ("context::pkey", pkey),
-    ("context::close_reports_in_use", close_reports_in_use),
+pub const TESTS: &[Test] = tests![
+    open_by_name_and_first,
+    device_list_describes_the_device,
+    query_device,
+    query_port,
+    invalid_port_is_refused,
+    gid_table,
+    gid_index_out_of_range,
+    pkey,
+    close_reports_in_use,
 ];
 
 fn open_by_name_and_first(env: &Env) -> Result<(), Failed> {

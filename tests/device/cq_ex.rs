@@ -15,39 +15,21 @@ use rdma_verbs::{
     QpInitAttr, QpState, QpType, QueuePair, StandardFields, WcOpcode, WcStatus,
 };
 
-use crate::common::{connect, deadline, is_rxe, poll_n, scaled, Env, TestFn};
+use crate::common::{connect, deadline, is_rxe, poll_n, scaled, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "cq_ex::send_recv_with_imm_reads_byte_len_imm_qp_num",
-        send_recv_imm,
-    ),
-    (
-        "cq_ex::rdma_write_with_imm_without_qp_num_still_reclaims",
-        write_with_imm,
-    ),
-    (
-        "cq_ex::ud_receive_reads_src_qp_sl_slid_path_bits",
-        ud_fields,
-    ),
-    ("cq_ex::timestamps_need_the_device_mask", timestamps),
-    ("cq_ex::cvlan_and_flow_tag_refused_on_rxe", cvlan_flow_tag),
-    ("cq_ex::bad_arguments_refused_before_the_call", bad_args),
-    ("cq_ex::empty_cq_starts_no_batch", empty),
-    (
-        "cq_ex::many_drained_batches_see_each_completion_once",
-        many_batches,
-    ),
-    (
-        "cq_ex::batch_dropped_midway_resumes_with_the_next",
-        dropped_midway,
-    ),
-    ("cq_ex::basic_poll_refused_on_as_cq", basic_poll_refused),
-    ("cq_ex::flushed_completions_read_and_reclaimed", flushed),
-    (
-        "cq_ex::event_through_a_channel_and_srq_reclaim",
-        event_and_srq,
-    ),
+pub const TESTS: &[Test] = tests![
+    send_recv_with_imm_reads_byte_len_imm_qp_num,
+    rdma_write_with_imm_without_qp_num_still_reclaims,
+    ud_receive_reads_src_qp_sl_slid_path_bits,
+    timestamps_need_the_device_mask,
+    cvlan_and_flow_tag_refused_on_rxe,
+    bad_arguments_refused_before_the_call,
+    empty_cq_starts_no_batch,
+    many_drained_batches_see_each_completion_once,
+    batch_dropped_midway_resumes_with_the_next,
+    basic_poll_refused_on_as_cq,
+    flushed_completions_read_and_reclaimed,
+    event_through_a_channel_and_srq_reclaim,
 ];
 
 /// Two connected QPs of type `t` whose completions all go to `cq`.
@@ -109,7 +91,7 @@ fn chunks(pd: &ProtectionDomain, n: usize, len: usize) -> Result<Vec<Chunk>, Fai
     Ok(pd.alloc_chunks(n, len, AccessFlags::LOCAL_WRITE)?)
 }
 
-fn send_recv_imm(env: &Env) -> Result<(), Failed> {
+fn send_recv_with_imm_reads_byte_len_imm_qp_num(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(64).standard().build()?;
     ensure!(
         cq.wc_flags() == u64::from(rdma_verbs::sys::IBV_WC_STANDARD_FLAGS),
@@ -174,7 +156,7 @@ fn send_recv_imm(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn write_with_imm(env: &Env) -> Result<(), Failed> {
+fn rdma_write_with_imm_without_qp_num_still_reclaims(env: &Env) -> Result<(), Failed> {
     // No qp_num: reclaim routes by the tag alone.
     let cq = env.ctx.create_cq_ex(16).imm().byte_len().build()?;
     let access = AccessFlags::REMOTE_WRITE;
@@ -219,7 +201,7 @@ fn write_with_imm(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn ud_fields(env: &Env) -> Result<(), Failed> {
+fn ud_receive_reads_src_qp_sl_slid_path_bits(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(16).standard().build()?;
     let mut p = ex_pair(env, QpType::Ud, cq, QpCaps::default(), AccessFlags::empty())?;
     let _ah = crate::common::post_datagram(env, &p.pd, &mut p.a, &mut p.b)?;
@@ -264,7 +246,7 @@ fn ud_fields(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn timestamps(env: &Env) -> Result<(), Failed> {
+fn timestamps_need_the_device_mask(env: &Env) -> Result<(), Failed> {
     let attr = env.ctx.attr();
     let ts = env
         .ctx
@@ -275,22 +257,26 @@ fn timestamps(env: &Env) -> Result<(), Failed> {
     if attr.completion_timestamp_mask == 0 {
         match ts {
             Err(Error::Unsupported {
-                what: "completion timestamps",
+                what: "completion timestamps_need_the_device_mask",
                 errno: None,
                 ..
             }) => {}
-            other => return Err(format!("timestamps without the mask: {other:?}").into()),
+            other => {
+                return Err(
+                    format!("timestamps_need_the_device_mask without the mask: {other:?}").into(),
+                )
+            }
         }
         match env.ctx.create_cq_ex(16).completion_wallclock().build() {
             Err(Error::Unsupported {
-                what: "completion timestamps",
+                what: "completion timestamps_need_the_device_mask",
                 errno: None,
                 ..
             }) => {}
             other => return Err(format!("wallclock without the mask: {other:?}").into()),
         }
         eprintln!(
-            "cq_ex: {} has no completion timestamps (mask 0): refused before the call",
+            "cq_ex: {} has no completion timestamps_need_the_device_mask (mask 0): refused before the call",
             env.ctx.name()
         );
         return Ok(());
@@ -300,7 +286,7 @@ fn timestamps(env: &Env) -> Result<(), Failed> {
         Ok(cq) => cq,
         Err(Error::Unsupported { errno: Some(e), .. }) => {
             eprintln!(
-                "cq_ex: {} refused timestamps (errno {e}); not read",
+                "cq_ex: {} refused timestamps_need_the_device_mask (errno {e}); not read",
                 env.ctx.name()
             );
             return Ok(());
@@ -323,14 +309,14 @@ fn timestamps(env: &Env) -> Result<(), Failed> {
         stamps
             .iter()
             .all(|&t| t & !attr.completion_timestamp_mask == 0),
-        "timestamps {stamps:x?} outside the mask {:#x}",
+        "timestamps_need_the_device_mask {stamps:x?} outside the mask {:#x}",
         attr.completion_timestamp_mask
     );
-    eprintln!("cq_ex: completion timestamps {stamps:?}");
+    eprintln!("cq_ex: completion timestamps_need_the_device_mask {stamps:?}");
     Ok(())
 }
 
-fn cvlan_flow_tag(env: &Env) -> Result<(), Failed> {
+fn cvlan_and_flow_tag_refused_on_rxe(env: &Env) -> Result<(), Failed> {
     let rxe = is_rxe(env);
     for (name, r) in [
         ("cvlan", env.ctx.create_cq_ex(16).cvlan().build().map(drop)),
@@ -355,7 +341,7 @@ fn cvlan_flow_tag(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn bad_args(env: &Env) -> Result<(), Failed> {
+fn bad_arguments_refused_before_the_call(env: &Env) -> Result<(), Failed> {
     let max = env.ctx.attr().max_cqe;
     for cqe in [0, max.saturating_add(1)] {
         match env.ctx.create_cq_ex(cqe).build() {
@@ -392,10 +378,13 @@ fn bad_args(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn empty(env: &Env) -> Result<(), Failed> {
+fn empty_cq_starts_no_batch(env: &Env) -> Result<(), Failed> {
     let mut cq = env.ctx.create_cq_ex(8).build()?;
     for _ in 0..3 {
-        ensure!(cq.start_poll()?.is_none(), "a batch on an empty CQ");
+        ensure!(
+            cq.start_poll()?.is_none(),
+            "a batch on an empty_cq_starts_no_batch CQ"
+        );
     }
     ensure!(cq.wc_flags() == NoFields::WC_FLAGS, "wc_flags");
     Ok(())
@@ -406,7 +395,7 @@ fn empty(env: &Env) -> Result<(), Failed> {
 /// (a stale entry would reclaim nothing), and nothing is left. Calling
 /// `ibv_end_poll` after rxe's `ENOENT` moves the consumer index past the
 /// producer, which this catches.
-fn many_batches(env: &Env) -> Result<(), Failed> {
+fn many_drained_batches_see_each_completion_once(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(32).qp_num().build()?;
     let capacity = cq.capacity() as usize;
     let caps = QpCaps {
@@ -471,7 +460,7 @@ fn many_batches(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn dropped_midway(env: &Env) -> Result<(), Failed> {
+fn batch_dropped_midway_resumes_with_the_next(env: &Env) -> Result<(), Failed> {
     // Only a's send completions go to the extended CQ, in posting order.
     let mut cq = env.ctx.create_cq_ex(16).qp_num().build()?;
     let basic = env.ctx.create_cq(16)?;
@@ -527,7 +516,7 @@ fn dropped_midway(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn basic_poll_refused(env: &Env) -> Result<(), Failed> {
+fn basic_poll_refused_on_as_cq(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(8).standard().build()?;
     let mut wcs = [rdma_verbs::WorkCompletion::default(); 4];
     match cq.as_cq().poll(&mut wcs) {
@@ -541,7 +530,7 @@ fn basic_poll_refused(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn flushed(env: &Env) -> Result<(), Failed> {
+fn flushed_completions_read_and_reclaimed(env: &Env) -> Result<(), Failed> {
     let cq = env.ctx.create_cq_ex(32).qp_num().build()?;
     let mut p = ex_pair(env, QpType::Rc, cq, QpCaps::default(), AccessFlags::empty())?;
     let bufs = chunks(&p.pd, 6, 64)?;
@@ -569,7 +558,7 @@ fn flushed(env: &Env) -> Result<(), Failed> {
     back.sort();
     ensure!(
         back == (50..56).collect::<Vec<u64>>(),
-        "flushed receives handed back: {back:?}"
+        "flushed_completions_read_and_reclaimed receives handed back: {back:?}"
     );
     ensure!(p.a.outstanding_recvs() == 0, "receives outstanding");
     Ok(())
@@ -599,7 +588,7 @@ fn next_event(
 /// for the completions that follow (none before, none unarmed); a receive
 /// taken from an SRQ, polled as a `PolledWc`, is reclaimed on the SRQ
 /// itself (once: the QP's reclaim then ends nothing).
-fn event_and_srq(env: &Env) -> Result<(), Failed> {
+fn event_through_a_channel_and_srq_reclaim(env: &Env) -> Result<(), Failed> {
     let channel = CompletionChannel::new(&env.ctx)?;
     channel.set_nonblocking(true)?;
     let mut cq = env

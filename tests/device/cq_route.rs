@@ -14,15 +14,12 @@ use rdma_verbs::{
 
 use rdma_verbs::ProtectionDomain;
 
-use crate::common::{deadline, pair, under_valgrind, Env, Pair, TestFn};
+use crate::common::{deadline, pair, under_valgrind, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "cq_route::each_qp_gets_its_own_completions",
-        each_qp_its_own,
-    ),
-    ("cq_route::misuse_refused_and_nothing_lost", misuse),
-    ("cq_route::a_thread_per_qp_on_one_cq", thread_per_qp),
+pub const TESTS: &[Test] = tests![
+    each_qp_gets_its_own_completions,
+    misuse_refused_and_nothing_lost,
+    a_thread_per_qp_on_one_cq,
 ];
 
 fn rc_pair(env: &Env) -> Result<Pair, Failed> {
@@ -78,7 +75,7 @@ fn take(inbox: &mut QpInbox, qp: &mut QueuePair, n: usize) -> Result<(usize, usi
 
 /// Messages both ways at once on two QPs of one CQ: each inbox holds
 /// exactly its QP's sends and receives.
-fn each_qp_its_own(env: &Env) -> Result<(), Failed> {
+fn each_qp_gets_its_own_completions(env: &Env) -> Result<(), Failed> {
     let Pair {
         pd,
         cq,
@@ -99,7 +96,7 @@ fn each_qp_its_own(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn misuse(env: &Env) -> Result<(), Failed> {
+fn misuse_refused_and_nothing_lost(env: &Env) -> Result<(), Failed> {
     let Pair {
         pd,
         cq,
@@ -181,7 +178,7 @@ fn misuse(env: &Env) -> Result<(), Failed> {
 
 /// A thread per QP, each waiting in its own inbox for a ping-pong on one
 /// CQ: every message arrives in order, in the right thread.
-fn thread_per_qp(env: &Env) -> Result<(), Failed> {
+fn a_thread_per_qp_on_one_cq(env: &Env) -> Result<(), Failed> {
     let Pair { pd, cq, a, b } = rc_pair(env)?;
     let router = CqRouter::new(&cq);
     let rounds: u32 = if under_valgrind() { 50 } else { 500 };

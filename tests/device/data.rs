@@ -11,43 +11,22 @@ use rdma_verbs::{
     SharedChunk, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{opts, pair, poll_n, Env, Pair, TestFn};
+use crate::common::{opts, pair, poll_n, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "data::send_recv_imm_inline_in_one_chain",
-        send_recv_imm_inline,
-    ),
-    ("data::rdma_write_read_and_write_with_imm", rdma_write_read),
-    ("data::atomics", atomics),
-    ("data::several_sges_each_way", several_sges),
-    (
-        "data::unsignaled_sends_come_back_with_the_next_signaled",
-        unsignaled_chain,
-    ),
-    (
-        "data::flush_after_err_hands_every_buffer_back",
-        flush_after_err,
-    ),
-    (
-        "data::reset_hands_back_outstanding_requests",
-        reset_discards,
-    ),
-    (
-        "data::bad_posts_are_refused_with_buffers_returned",
-        bad_posts,
-    ),
-    ("data::ud_through_an_address_handle", ud_with_ah),
-    ("data::srq_receives_and_limit_event", srq),
-    ("data::completion_channel_events", channel_events),
-    (
-        "data::one_shared_source_for_many_writes_and_sends",
-        shared_source,
-    ),
-    (
-        "data::reclaim_chunks_hands_back_a_run_in_one_call",
-        reclaim_run,
-    ),
+pub const TESTS: &[Test] = tests![
+    send_recv_imm_inline_in_one_chain,
+    rdma_write_read_and_write_with_imm,
+    atomics,
+    several_sges_each_way,
+    unsignaled_sends_come_back_with_the_next_signaled,
+    flush_after_err_hands_every_buffer_back,
+    reset_hands_back_outstanding_requests,
+    bad_posts_are_refused_with_buffers_returned,
+    ud_through_an_address_handle,
+    srq_receives_and_limit_event,
+    completion_channel_events,
+    one_shared_source_for_many_writes_and_sends,
+    reclaim_chunks_hands_back_a_run_in_one_call,
 ];
 
 use crate::common::reclaim_on as reclaim;
@@ -56,7 +35,7 @@ fn chunks(p: &Pair, n: usize, len: usize) -> Result<Vec<Chunk>, Failed> {
     Ok(p.pd.alloc_chunks(n, len, AccessFlags::LOCAL_WRITE)?)
 }
 
-fn send_recv_imm_inline(env: &Env) -> Result<(), Failed> {
+fn send_recv_imm_inline_in_one_chain(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_inline_data: 64,
         ..QpCaps::default()
@@ -128,7 +107,7 @@ fn send_recv_imm_inline(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn rdma_write_read(env: &Env) -> Result<(), Failed> {
+fn rdma_write_read_and_write_with_imm(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
     let mut region = crate::common::remote_region(&p.pd, 8192)?;
@@ -267,7 +246,7 @@ fn atomics(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn several_sges(env: &Env) -> Result<(), Failed> {
+fn several_sges_each_way(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_sge: 3,
         max_recv_sge: 2,
@@ -314,7 +293,7 @@ fn several_sges(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn unsignaled_chain(env: &Env) -> Result<(), Failed> {
+fn unsignaled_sends_come_back_with_the_next_signaled(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
     let mut bufs = chunks(&p, 16, 64)?;
     let recvs: Vec<RecvWr> = bufs
@@ -358,7 +337,7 @@ fn unsignaled_chain(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn flush_after_err(env: &Env) -> Result<(), Failed> {
+fn flush_after_err_hands_every_buffer_back(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
     // a: four sends the peer cannot take (no receives, RNR retry forever)
     // and ten receives; all stay outstanding until a goes to ERR.
@@ -411,7 +390,7 @@ fn flush_after_err(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn reset_discards(env: &Env) -> Result<(), Failed> {
+fn reset_hands_back_outstanding_requests(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, QpCaps::default(), AccessFlags::empty())?;
     let bufs = chunks(&p, 4, 64)?;
     p.b.post_recv(
@@ -435,7 +414,7 @@ fn reset_discards(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn bad_posts(env: &Env) -> Result<(), Failed> {
+fn bad_posts_are_refused_with_buffers_returned(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_wr: 4,
         max_inline_data: 16,
@@ -554,7 +533,7 @@ fn bad_posts(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn ud_with_ah(env: &Env) -> Result<(), Failed> {
+fn ud_through_an_address_handle(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Ud, QpCaps::default(), AccessFlags::empty())?;
     let ah = crate::common::post_datagram(env, &p.pd, &mut p.a, &mut p.b)?;
     drop(ah); // the send keeps its address handle alive
@@ -592,14 +571,17 @@ fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, what: &str) -> Result<(), Fail
     Ok(())
 }
 
-fn srq(env: &Env) -> Result<(), Failed> {
+fn srq_receives_and_limit_event(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(64)?;
-    let srq = pd.create_srq(8, 1, 0)?;
+    let srq_receives_and_limit_event = pd.create_srq(8, 1, 0)?;
     let mut sender = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq))?;
-    let mut receiver = pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq))?;
+    let mut receiver =
+        pd.create_qp(&QpInitAttr::new(QpType::Rc, &cq, &cq).srq(&srq_receives_and_limit_event))?;
     ensure!(
-        receiver.srq().is_some_and(|s| s.same_as(&srq)),
+        receiver
+            .srq()
+            .is_some_and(|s| s.same_as(&srq_receives_and_limit_event)),
         "QP does not report its SRQ"
     );
     let o = opts(env, AccessFlags::empty());
@@ -611,13 +593,16 @@ fn srq(env: &Env) -> Result<(), Failed> {
     receiver.connect(&o, er.psn, &es)?;
     let mut bufs = pd.alloc_chunks(6, 256, AccessFlags::LOCAL_WRITE)?;
     let sends: Vec<Chunk> = bufs.drain(4..).collect();
-    srq.post_recv(
+    srq_receives_and_limit_event.post_recv(
         bufs.into_iter()
             .enumerate()
             .map(|(i, c)| RecvWr::new(i as u64).sge(c))
             .collect::<Vec<_>>(),
     )?;
-    ensure!(srq.outstanding() == 4, "4 on the SRQ");
+    ensure!(
+        srq_receives_and_limit_event.outstanding() == 4,
+        "4 on the SRQ"
+    );
     // Posting to a QP that uses an SRQ is refused.
     let spare = pd
         .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
@@ -628,7 +613,7 @@ fn srq(env: &Env) -> Result<(), Failed> {
         "QP with SRQ took a receive"
     );
     // Arm the limit: below 3 remaining, an async event.
-    srq.arm_limit(3)?;
+    srq_receives_and_limit_event.arm_limit(3)?;
     sender.post_send(
         sends
             .into_iter()
@@ -642,12 +627,12 @@ fn srq(env: &Env) -> Result<(), Failed> {
         if wc.qp_num() == receiver.qp_num() {
             // Alternate: the SRQ directly, and the QP (which defers to its SRQ).
             got += if got % 2 == 0 {
-                srq.reclaim(wc, |d| ensure_chunk(d.into_chunk()))
+                srq_receives_and_limit_event.reclaim(wc, |d| ensure_chunk(d.into_chunk()))
             } else {
                 receiver.reclaim(wc, |d| ensure_chunk(d.into_chunk()))
             };
             ensure!(
-                srq.reclaim(wc, |_| ()) == 0,
+                srq_receives_and_limit_event.reclaim(wc, |_| ()) == 0,
                 "a receive was handed back twice"
             );
         } else {
@@ -655,14 +640,17 @@ fn srq(env: &Env) -> Result<(), Failed> {
         }
     }
     ensure!(
-        got == 2 && srq.outstanding() == 2,
+        got == 2 && srq_receives_and_limit_event.outstanding() == 2,
         "SRQ handed back {got}, {} outstanding",
-        srq.outstanding()
+        srq_receives_and_limit_event.outstanding()
     );
     wait_readable(env.ctx.async_fd(), "SRQ limit event")?;
     match env.ctx.get_async_event()? {
         AsyncEvent::SrqLimitReached { srq_handle } => {
-            ensure!(srq_handle == srq.handle(), "event for another SRQ")
+            ensure!(
+                srq_handle == srq_receives_and_limit_event.handle(),
+                "event for another SRQ"
+            )
         }
         other => return Err(format!("expected SrqLimitReached, got {other:?}").into()),
     }
@@ -673,7 +661,7 @@ fn ensure_chunk(c: Option<Chunk>) {
     assert!(c.is_some(), "a reclaimed receive had no chunk");
 }
 
-fn channel_events(env: &Env) -> Result<(), Failed> {
+fn completion_channel_events(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let channel = CompletionChannel::new(&env.ctx)?;
     let cq = env.ctx.create_cq_with_channel(16, &channel, 0)?;
@@ -723,7 +711,7 @@ fn channel_events(env: &Env) -> Result<(), Failed> {
 /// sends at once; it is writable again only once the last of them ended
 /// (reclaimed, reset or destroyed); reads and atomics refuse it, and a
 /// refused post lets its clones go.
-fn shared_source(env: &Env) -> Result<(), Failed> {
+fn one_shared_source_for_many_writes_and_sends(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let caps = QpCaps {
         max_send_wr: 32,
@@ -856,7 +844,7 @@ fn shared_source(env: &Env) -> Result<(), Failed> {
 
 /// One signalled completion ends a run of unsignalled sends: reclaim_chunks
 /// hands back all their chunks in order in one call, once.
-fn reclaim_run(env: &Env) -> Result<(), Failed> {
+fn reclaim_chunks_hands_back_a_run_in_one_call(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_wr: 16,
         max_recv_wr: 16,

@@ -8,12 +8,9 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::{ConnectOptions, Endpoint, Psn};
 use rdma_verbs::{Context, Gid, GidEntry, GidType, QpInitAttr, QpState, QpType, QueuePair};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[(
-    "endpoint_cache::cached_endpoints_match_a_fresh_read",
-    cached_matches_fresh,
-)];
+pub const TESTS: &[Test] = tests![cached_endpoints_match_a_fresh_read,];
 
 /// The default pick, as the docs state it, from a table read fresh: the
 /// first RoCE v2 GID of `port`, an IPv4-mapped one if there is one.
@@ -77,7 +74,7 @@ pub fn connect_documented(a: &mut QueuePair, b: &mut QueuePair, port: u8) -> Res
 /// A cold context, the same context warm, after `gid_table` and
 /// `query_port` refreshed it, and an explicit GID index: each endpoint is
 /// the one a fresh read gives, and connecting on the cached pick works.
-fn cached_matches_fresh(env: &Env) -> Result<(), Failed> {
+fn cached_endpoints_match_a_fresh_read(env: &Env) -> Result<(), Failed> {
     let (name, port) = (env.ctx.name().to_owned(), env.port);
     let ctx = Context::open(&name)?;
     let (mut a, mut b) = rc_qp(&ctx)?;

@@ -12,28 +12,22 @@ use rdma_verbs::{
     QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, poll_n, Env, TestFn};
+use crate::common::{connect, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("ex::creation_is_checked_first", creation_checks),
-    ("ex::every_rc_operation_in_one_batch", every_rc_operation),
-    ("ex::ud_batch_through_an_address_handle", ud_batch),
-    ("ex::uc_write_with_immediate", uc_batch),
-    ("ex::several_entries", several_entries),
-    ("ex::abort_hands_every_chunk_back", abort_returns),
-    ("ex::dropping_an_open_batch_aborts_it", drop_aborts),
-    (
-        "ex::a_refused_request_leaves_the_batch_open",
-        refused_keeps_open,
-    ),
-    ("ex::a_full_send_queue_refuses_the_next_request", full_queue),
-    ("ex::an_empty_batch_posts_nothing", empty_batch),
-    ("ex::basic_and_batch_posts_share_the_ledger", mixed_paths),
-    ("ex::reset_hands_batch_requests_back", reset_returns),
-    (
-        "ex::a_failed_complete_keeps_its_requests_in_doubt",
-        failed_complete_in_doubt,
-    ),
+pub const TESTS: &[Test] = tests![
+    creation_is_checked_first,
+    every_rc_operation_in_one_batch,
+    ud_batch_through_an_address_handle,
+    uc_write_with_immediate,
+    several_entries,
+    abort_hands_every_chunk_back,
+    dropping_an_open_batch_aborts_it,
+    a_refused_request_leaves_the_batch_open,
+    a_full_send_queue_refuses_the_next_request,
+    an_empty_batch_posts_nothing,
+    basic_and_batch_posts_share_the_ledger,
+    reset_hands_batch_requests_back,
+    a_failed_complete_keeps_its_requests_in_doubt,
 ];
 
 /// Everything an RC QP can post through a batch.
@@ -107,7 +101,7 @@ pub(crate) fn reclaim(
     back
 }
 
-fn creation_checks(env: &Env) -> Result<(), Failed> {
+fn creation_is_checked_first(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     let refused = |t: QpType, ops: SendOpsFlags, needle: &str| -> Result<(), Failed> {
@@ -147,7 +141,7 @@ fn creation_checks(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn every_rc_operation(env: &Env) -> Result<(), Failed> {
+fn every_rc_operation_in_one_batch(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     let caps = QpCaps {
         max_send_wr: 32,
@@ -310,7 +304,7 @@ fn every_rc_operation(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn ud_batch(env: &Env) -> Result<(), Failed> {
+fn ud_batch_through_an_address_handle(env: &Env) -> Result<(), Failed> {
     let mut p = ex_pair(
         env,
         QpType::Ud,
@@ -375,7 +369,7 @@ fn ud_batch(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn uc_batch(env: &Env) -> Result<(), Failed> {
+fn uc_write_with_immediate(env: &Env) -> Result<(), Failed> {
     let ops = SendOpsFlags::for_transport(QpType::Uc) - SendOpsFlags::BIND_MW;
     let mut p = ex_pair(
         env,
@@ -497,7 +491,7 @@ fn quiet(cq: &CompletionQueue, what: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-fn abort_returns(env: &Env) -> Result<(), Failed> {
+fn abort_hands_every_chunk_back(env: &Env) -> Result<(), Failed> {
     let mut p = ex_pair(
         env,
         QpType::Rc,
@@ -550,7 +544,7 @@ fn abort_returns(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn drop_aborts(env: &Env) -> Result<(), Failed> {
+fn dropping_an_open_batch_aborts_it(env: &Env) -> Result<(), Failed> {
     let mut p = send_pair(env, QpCaps::default())?;
     p.b.post_recv([RecvWr::new(1).sge(chunks(&p.pd, 1, 64)?.remove(0))])?;
     {
@@ -585,7 +579,7 @@ fn drop_aborts(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn refused_keeps_open(env: &Env) -> Result<(), Failed> {
+fn a_refused_request_leaves_the_batch_open(env: &Env) -> Result<(), Failed> {
     let mut p = send_pair(env, QpCaps::default())?;
     p.b.post_recv([RecvWr::new(1).sge(chunks(&p.pd, 1, 64)?.remove(0))])?;
     let other_pd = env.ctx.alloc_pd()?;
@@ -639,7 +633,7 @@ fn refused_keeps_open(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn full_queue(env: &Env) -> Result<(), Failed> {
+fn a_full_send_queue_refuses_the_next_request(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_wr: 4,
         ..QpCaps::default()
@@ -675,7 +669,7 @@ fn full_queue(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn empty_batch(env: &Env) -> Result<(), Failed> {
+fn an_empty_batch_posts_nothing(env: &Env) -> Result<(), Failed> {
     let mut p = send_pair(env, QpCaps::default())?;
     for _ in 0..3 {
         p.a.start_batch()?.complete()?;
@@ -686,7 +680,7 @@ fn empty_batch(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn mixed_paths(env: &Env) -> Result<(), Failed> {
+fn basic_and_batch_posts_share_the_ledger(env: &Env) -> Result<(), Failed> {
     let mut p = send_pair(env, QpCaps::default())?;
     post_recvs(&mut p, 6)?;
     let mut bufs = chunks(&p.pd, 6, 64)?;
@@ -726,7 +720,7 @@ fn mixed_paths(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn reset_returns(env: &Env) -> Result<(), Failed> {
+fn reset_hands_batch_requests_back(env: &Env) -> Result<(), Failed> {
     let mut p = send_pair(env, QpCaps::default())?;
     // No receive at the peer: the sends wait (RNR) and never complete
     // before the reset.
@@ -762,7 +756,7 @@ fn reset_returns(env: &Env) -> Result<(), Failed> {
 /// `ibv_modify_qp`, so the known state still says RTS) makes the doorbell
 /// fail after the requests are in the ring. The failure must not hand the
 /// chunks back: they stay outstanding until RESET proves the device done.
-fn failed_complete_in_doubt(env: &Env) -> Result<(), Failed> {
+fn a_failed_complete_keeps_its_requests_in_doubt(env: &Env) -> Result<(), Failed> {
     let mut p = send_pair(env, QpCaps::default())?;
     let mut attr = rdma_verbs::sys::ibv_qp_attr {
         qp_state: rdma_verbs::sys::ibv_qp_state::IBV_QPS_RESET,

@@ -8,34 +8,16 @@ use rdma_verbs::qp::{
 };
 use rdma_verbs::{AccessFlags, QpCaps, QpInitAttr, QpType, QueuePair, WcStatus, WorkCompletion};
 
-use crate::common::{opts, pair, poll_n, Env, TestFn};
+use crate::common::{opts, pair, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "explain::wrong_peer_qp_is_retry_exceeded_then_flushes",
-        wrong_peer_qp,
-    ),
-    (
-        "explain::no_receive_with_rnr_retry_0_is_rnr_retry_exceeded",
-        no_receive,
-    ),
-    (
-        "explain::rdma_write_without_remote_write_is_remote_access",
-        write_without_right,
-    ),
-    (
-        "explain::rdma_write_past_the_region_is_remote_access",
-        write_past_end,
-    ),
-    (
-        "explain::send_longer_than_the_receive_on_both_sides",
-        send_too_long,
-    ),
-    (
-        "explain::success_and_another_qps_completion",
-        success_and_other_qp,
-    ),
-    ("explain::an_extended_cqs_completion", extended_cq),
+pub const TESTS: &[Test] = tests![
+    wrong_peer_qp_is_retry_exceeded_then_flushes,
+    no_receive_with_rnr_retry_0_is_rnr_retry_exceeded,
+    rdma_write_without_remote_write_is_remote_access,
+    rdma_write_past_the_region_is_remote_access,
+    send_longer_than_the_receive_on_both_sides,
+    success_and_another_qps_completion,
+    an_extended_cqs_completion,
 ];
 
 fn caps() -> QpCaps {
@@ -87,7 +69,7 @@ const SHORT_RECV_SENDER: [WcStatus; 2] = [WcStatus::RemInvReqErr, WcStatus::RemO
 /// timeout and one retry: its send fails with RETRY_EXC_ERR, naming the
 /// dead QP's number; the send behind it is flushed, and the flush names
 /// the first failure once that was reclaimed.
-fn wrong_peer_qp(env: &Env) -> Result<(), Failed> {
+fn wrong_peer_qp_is_retry_exceeded_then_flushes(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     let attr = QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps());
@@ -160,7 +142,7 @@ fn wrong_peer_qp(env: &Env) -> Result<(), Failed> {
 
 /// A send to a peer with no receive posted, from a QP with rnr_retry 0:
 /// RNR_RETRY_EXC_ERR, naming the peer and the retry count.
-fn no_receive(env: &Env) -> Result<(), Failed> {
+fn no_receive_with_rnr_retry_0_is_rnr_retry_exceeded(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     let attr = QpInitAttr::new(QpType::Rc, &cq, &cq).caps(caps());
@@ -227,7 +209,7 @@ fn write_fails(
 }
 
 /// An RDMA WRITE to a region registered without REMOTE_WRITE.
-fn write_without_right(env: &Env) -> Result<(), Failed> {
+fn rdma_write_without_remote_write_is_remote_access(env: &Env) -> Result<(), Failed> {
     let x = write_fails(
         env,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
@@ -240,7 +222,7 @@ fn write_without_right(env: &Env) -> Result<(), Failed> {
 }
 
 /// An RDMA WRITE that runs 32 bytes past a writable region's end.
-fn write_past_end(env: &Env) -> Result<(), Failed> {
+fn rdma_write_past_the_region_is_remote_access(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let x = write_fails(env, access, true, 64)?;
     names(&x, CauseKind::RemoteRange, &["RemoteAddr", "addr"])?;
@@ -251,7 +233,7 @@ fn write_past_end(env: &Env) -> Result<(), Failed> {
 /// LOC_QP_OP_ERR) on the receiver, naming the receive's 16 bytes once the
 /// request is given, and REM_INV_REQ_ERR (rxe: REM_OP_ERR) on the sender,
 /// naming the peer's short receive first.
-fn send_too_long(env: &Env) -> Result<(), Failed> {
+fn send_longer_than_the_receive_on_both_sides(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut bufs = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
     let small =
@@ -290,7 +272,7 @@ fn send_too_long(env: &Env) -> Result<(), Failed> {
 
 /// A successful completion has nothing to explain; another QP's is named
 /// as such, whatever its status.
-fn success_and_other_qp(env: &Env) -> Result<(), Failed> {
+fn success_and_another_qps_completion(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut bufs = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
     p.b.post_recv([RecvWr::new(1).sge(bufs.pop().ok_or("chunk")?)])?;
@@ -314,7 +296,7 @@ fn success_and_other_qp(env: &Env) -> Result<(), Failed> {
 
 /// A completion read from an extended CQ ([`rdma_verbs::PolledWc`]) is
 /// explained as a basic one: a 64-byte send into a 16-byte receive.
-fn extended_cq(env: &Env) -> Result<(), Failed> {
+fn an_extended_cqs_completion(env: &Env) -> Result<(), Failed> {
     let mut cq = env.ctx.create_cq_ex(16).standard().build()?;
     let pd = env.ctx.alloc_pd()?;
     let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq()).caps(caps());

@@ -9,12 +9,9 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{pair, Env, Rng, TestFn};
+use crate::common::{pair, Env, Rng, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[(
-    "halves_model::halves_follow_the_model_through_random_steps",
-    halves_follow_the_model_through_random_steps,
-)];
+pub const TESTS: &[Test] = tests![halves_follow_the_model_through_random_steps,];
 
 const DEPTH: usize = 16;
 const STEPS: usize = 300;

@@ -8,16 +8,13 @@ use rdma_verbs::{
     AccessFlags, CompletionChannel, Context, Error, InUseBy, MwType, QpInitAttr, QpType, UserKind,
 };
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("in_use::pd_names_regions_qps_and_more", pd_names_its_users),
-    ("in_use::cq_counts_each_qp_once", cq_counts_each_qp_once),
-    (
-        "in_use::context_names_pds_cqs_and_qps",
-        context_names_its_users,
-    ),
-    ("in_use::srq_names_its_qps", srq_names_its_qps),
+pub const TESTS: &[Test] = tests![
+    pd_names_regions_qps_and_more,
+    cq_counts_each_qp_once,
+    context_names_pds_cqs_and_qps,
+    srq_names_its_qps,
 ];
 
 /// The `(object, users, by)` of an `Error::InUse`, or a failure.
@@ -59,7 +56,7 @@ fn expect_message(
     Ok(by)
 }
 
-fn pd_names_its_users(env: &Env) -> Result<(), Failed> {
+fn pd_names_regions_qps_and_more(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
     let obj = "protection domain";
@@ -182,7 +179,7 @@ fn cq_counts_each_qp_once(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn context_names_its_users(env: &Env) -> Result<(), Failed> {
+fn context_names_pds_cqs_and_qps(env: &Env) -> Result<(), Failed> {
     // A context of its own, so that only this test's objects use it.
     let ctx = Context::open(env.ctx.name())?;
     let obj = "device context";

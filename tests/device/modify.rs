@@ -5,43 +5,22 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, CompletionQueue, Error, Mtu, ProtectionDomain, QpInitAttr};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "modify::typed_chains_with_exactly_the_required_attributes",
-        typed_chains,
-    ),
-    (
-        "modify::each_missing_required_attribute_is_refused_twice",
-        missing_required_refused_twice,
-    ),
-    (
-        "modify::kernel_refusal_changes_nothing",
-        kernel_refusal_changes_nothing,
-    ),
-    ("modify::sqd_round_trips", sqd_round_trips),
-    ("modify::err_and_reset_recovery", err_and_reset_recovery),
-    (
-        "modify::resync_sees_changes_behind_our_back",
-        resync_sees_changes,
-    ),
-    ("modify::value_checks_against_device_and_port", value_checks),
-    ("modify::rd_atomic_rounding_on_rxe", rd_atomic_rounding),
-    ("modify::connect_helper_and_endpoints", connect_helper),
-    (
-        "modify::typed_apply_checks_the_from_state",
-        typed_apply_checks_from_state,
-    ),
-    (
-        "modify::leaving_sqd_while_draining_is_refused_until_drained",
-        sqd_drain_refused_then_waited,
-    ),
-    (
-        "modify::gid_entries_must_exist_and_fit_the_destination",
-        gid_entries_must_exist_and_fit,
-    ),
-    ("modify::refusal_messages", refusal_messages),
+pub const TESTS: &[Test] = tests![
+    typed_chains_with_exactly_the_required_attributes,
+    each_missing_required_attribute_is_refused_twice,
+    kernel_refusal_changes_nothing,
+    sqd_round_trips,
+    err_and_reset_recovery,
+    resync_sees_changes_behind_our_back,
+    value_checks_against_device_and_port,
+    rd_atomic_rounding_on_rxe,
+    connect_helper_and_endpoints,
+    typed_apply_checks_the_from_state,
+    leaving_sqd_while_draining_is_refused_until_drained,
+    gid_entries_must_exist_and_fit_the_destination,
+    refusal_messages,
 ];
 
 struct Setup {
@@ -86,7 +65,7 @@ fn state_of(qp: &QueuePair) -> Result<QpState, Failed> {
 
 /// RC/UC/UD through RESET->INIT->RTR->RTS with exactly the constructor
 /// arguments, reading every attribute back.
-fn typed_chains(env: &Env) -> Result<(), Failed> {
+fn typed_chains_with_exactly_the_required_attributes(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let psn = Psn::new(0x12_3456)?;
     let rq_psn = Psn::new(0x65_4321)?;
@@ -246,7 +225,7 @@ fn steps(t: rdma_verbs::QpType) -> Vec<(QpState, Vec<Step>)> {
 /// and the QP has not moved), and the kernel refuses it too when forced
 /// through `modify_unchecked`. Then the full step succeeds with exactly the
 /// required attributes.
-fn missing_required_refused_twice(env: &Env) -> Result<(), Failed> {
+fn each_missing_required_attribute_is_refused_twice(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let mut cases = 0;
     for t in [
@@ -470,7 +449,7 @@ fn err_and_reset_recovery(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn resync_sees_changes(env: &Env) -> Result<(), Failed> {
+fn resync_sees_changes_behind_our_back(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let mut rc = rc_at_rts(env, &s)?;
     let mut attr = rdma_verbs::sys::ibv_qp_attr {
@@ -499,7 +478,7 @@ fn resync_sees_changes(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn value_checks(env: &Env) -> Result<(), Failed> {
+fn value_checks_against_device_and_port(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let port = env.ctx.query_port(env.port)?;
     let dev = env.ctx.attr().clone();
@@ -651,7 +630,7 @@ fn rc_at_rtr(env: &Env, s: &Setup, max_dest_rd_atomic: u8) -> Result<Qp<Rc>, Fai
 
 /// rxe rounds rd_atomic counts up to a power of two (documented on
 /// `QpAttributes`): 12 reads back as 16.
-fn rd_atomic_rounding(env: &Env) -> Result<(), Failed> {
+fn rd_atomic_rounding_on_rxe(env: &Env) -> Result<(), Failed> {
     if !env.ctx.name().starts_with("rxe") {
         eprintln!(
             "modify: rd_atomic rounding is an rxe behaviour; {} checked for >= only",
@@ -682,7 +661,7 @@ fn rd_atomic_rounding(env: &Env) -> Result<(), Failed> {
 
 /// Two RC QPs connected to each other with the one-call helper, exchanging
 /// endpoints in the pingpong text form.
-fn connect_helper(env: &Env) -> Result<(), Failed> {
+fn connect_helper_and_endpoints(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     for t in [
         rdma_verbs::QpType::Rc,
@@ -734,7 +713,7 @@ fn connect_helper(env: &Env) -> Result<(), Failed> {
 /// `Qp::apply` refuses a builder whose from-state is not the known state,
 /// and (the table part skipped) an `IBV_QP_CUR_STATE` naming another state;
 /// `from_dynamic` refuses the wrong transport.
-fn typed_apply_checks_from_state(env: &Env) -> Result<(), Failed> {
+fn typed_apply_checks_the_from_state(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let mut ud = Qp::<Ud>::new(&s.pd, &s.cq, &s.cq, QpCaps::default())?;
     match ud.apply(RtrToRts::<Ud>::new(Psn::new(0)?)) {
@@ -782,7 +761,7 @@ fn typed_apply_checks_from_state(env: &Env) -> Result<(), Failed> {
 /// `wait_sq_drained` times out; once the peer comes up and answers a
 /// retransmission, the drain ends, the wait returns and SQD->RTS goes
 /// through.
-fn sqd_drain_refused_then_waited(env: &Env) -> Result<(), Failed> {
+fn leaving_sqd_while_draining_is_refused_until_drained(env: &Env) -> Result<(), Failed> {
     use std::time::{Duration, Instant};
     let pd = env.ctx.alloc_pd()?;
     let cq = env.ctx.create_cq(16)?;
@@ -909,7 +888,7 @@ fn sqd_drain_refused_then_waited(env: &Env) -> Result<(), Failed> {
 /// for RoCE v2, of the destination's family (the kernel: EINVAL). Each is
 /// refused by the validator with a message naming the index, and the
 /// kernel, asked directly, refuses the same modify.
-fn gid_entries_must_exist_and_fit(env: &Env) -> Result<(), Failed> {
+fn gid_entries_must_exist_and_fit_the_destination(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let table: Vec<rdma_verbs::GidEntry> = env
         .ctx
@@ -969,7 +948,8 @@ fn gid_entries_must_exist_and_fit(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The messages of the refusals issue 8 names, on a real device.
+/// The messages of the refusals `modify` makes (a missing attribute, a
+/// forbidden one, a bad value), on a real device.
 fn refusal_messages(env: &Env) -> Result<(), Failed> {
     let s = setup(env)?;
     let text = |r: rdma_verbs::Result<()>| -> Result<String, Failed> {

@@ -10,36 +10,21 @@ use rdma_verbs::{
     QpInitAttr, QpState, QpType, QueuePair, SharedReceiveQueue, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, poll_n, Env, TestFn};
+use crate::common::{connect, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("mw::type2_bind_access_invalidate_refused", type2_posted),
-    ("mw::type2_in_a_batch", type2_batch),
-    (
-        "mw::send_with_invalidate_revokes_the_window",
-        remote_invalidate,
-    ),
-    (
-        "mw::send_with_invalidate_seen_through_an_extended_cq",
-        remote_invalidate_ex_cq,
-    ),
-    (
-        "mw::send_with_invalidate_into_an_srq_of_another_pd",
-        remote_invalidate_srq,
-    ),
-    ("mw::type1_bind_and_access", type1),
-    ("mw::type1_unbind_revokes_the_window", type1_unbind),
-    (
-        "mw::a_reset_leaves_the_window_state_unknown",
-        reset_leaves_state_unknown,
-    ),
-    ("mw::rules_are_checked_before_any_call", rules),
-    ("mw::a_bound_window_keeps_its_region", keeps_region),
-    ("mw::abort_undoes_a_bind", abort_undoes),
-    (
-        "mw::window_on_a_zero_based_owned_region",
-        zero_based_owned_region,
-    ),
+pub const TESTS: &[Test] = tests![
+    type2_bind_access_invalidate_refused,
+    type2_in_a_batch,
+    send_with_invalidate_revokes_the_window,
+    send_with_invalidate_seen_through_an_extended_cq,
+    send_with_invalidate_into_an_srq_of_another_pd,
+    type1_bind_and_access,
+    type1_unbind_revokes_the_window,
+    a_reset_leaves_the_window_state_unknown,
+    rules_are_checked_before_any_call,
+    a_bound_window_keeps_its_region,
+    abort_undoes_a_bind,
+    window_on_a_zero_based_owned_region,
 ];
 
 /// A connected RC pair; `a` binds windows (extended, with every RC op),
@@ -144,7 +129,7 @@ fn expect_refused(status: WcStatus, what: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-fn type2_posted(env: &Env) -> Result<(), Failed> {
+fn type2_bind_access_invalidate_refused(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 8192)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
@@ -223,7 +208,7 @@ fn type2_posted(env: &Env) -> Result<(), Failed> {
     expect_refused(st, "read after local invalidation")
 }
 
-fn type2_batch(env: &Env) -> Result<(), Failed> {
+fn type2_in_a_batch(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
@@ -269,7 +254,7 @@ fn type2_batch(env: &Env) -> Result<(), Failed> {
     expect_refused(st, "read after invalidation in a batch")
 }
 
-fn remote_invalidate(env: &Env) -> Result<(), Failed> {
+fn send_with_invalidate_revokes_the_window(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
@@ -341,7 +326,7 @@ fn expect_revoked(
 /// A peer's SEND_WITH_INV whose receive `a` takes from an SRQ in another
 /// PD than the window's: reclaimed on the SRQ itself (not through the QP),
 /// the receive still frees the window (looked up on the context), once.
-fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
+fn send_with_invalidate_into_an_srq_of_another_pd(env: &Env) -> Result<(), Failed> {
     let srq_pd = env.ctx.alloc_pd()?;
     let srq = srq_pd.create_srq(4, 1, 0)?;
     let mut p = mw_pair_srq(env, Some(&srq))?;
@@ -384,7 +369,7 @@ fn remote_invalidate_srq(env: &Env) -> Result<(), Failed> {
 /// A bind handed back by a RESET may or may not have run: the window's
 /// state is unknown, so it is not invalidated (it might be free), keeps its
 /// region, and is deallocated cleanly.
-fn reset_leaves_state_unknown(env: &Env) -> Result<(), Failed> {
+fn a_reset_leaves_the_window_state_unknown(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
@@ -406,7 +391,7 @@ fn reset_leaves_state_unknown(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn type1(env: &Env) -> Result<(), Failed> {
+fn type1_bind_and_access(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type1)?;
@@ -459,7 +444,7 @@ fn type1(env: &Env) -> Result<(), Failed> {
 /// region let go once the request is reclaimed, a second unbind refused,
 /// and the peer's read through the old rkey refused. Type 2 windows are
 /// not unbound (they are invalidated).
-fn type1_unbind(env: &Env) -> Result<(), Failed> {
+fn type1_unbind_revokes_the_window(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type1)?;
@@ -502,7 +487,7 @@ fn type1_unbind(env: &Env) -> Result<(), Failed> {
     expect_refused(st, "read through an unbound type 1 window")
 }
 
-fn rules(env: &Env) -> Result<(), Failed> {
+fn rules_are_checked_before_any_call(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let plain = p.pd.register(4096, AccessFlags::LOCAL_WRITE)?;
@@ -645,7 +630,7 @@ fn rules(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn keeps_region(env: &Env) -> Result<(), Failed> {
+fn a_bound_window_keeps_its_region(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
@@ -670,7 +655,7 @@ fn keeps_region(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn abort_undoes(env: &Env) -> Result<(), Failed> {
+fn abort_undoes_a_bind(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mr = window_region(&p.pd, 4096)?;
     let mut mw = p.pd.alloc_mw(MwType::Type2)?;
@@ -704,7 +689,7 @@ fn abort_undoes(env: &Env) -> Result<(), Failed> {
 }
 
 /// The same revocation, the receive read from an extended CQ.
-fn remote_invalidate_ex_cq(env: &Env) -> Result<(), Failed> {
+fn send_with_invalidate_seen_through_an_extended_cq(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let mut cq = env.ctx.create_cq_ex(64).imm().qp_num().build()?;
     let attr = QpInitAttr::new(QpType::Rc, cq.as_cq(), cq.as_cq())
@@ -745,7 +730,7 @@ fn remote_invalidate_ex_cq(env: &Env) -> Result<(), Failed> {
 /// iova 0: the window's addresses are offsets; while it is bound the
 /// buffer is not handed back (nor the region re-registered), and once the
 /// window is closed it is, with the peer's write in it.
-fn zero_based_owned_region(env: &Env) -> Result<(), Failed> {
+fn window_on_a_zero_based_owned_region(env: &Env) -> Result<(), Failed> {
     let mut p = mw_pair(env)?;
     let mut pages = rdma_verbs::Pages::new(8192)?;
     for (i, b) in pages.iter_mut().enumerate() {

@@ -3,22 +3,16 @@
 use libtest_mimic::Failed;
 use rdma_verbs::{AccessFlags, CompletionQueue, Error, MemoryRegion, WorkCompletion};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("objects::pd_alloc_and_close", pd_alloc_and_close),
-    ("objects::mr_register_and_copy", mr_register_and_copy),
-    ("objects::mr_bad_arguments", mr_bad_arguments),
-    (
-        "objects::mr_outlives_its_pd_handle",
-        mr_outlives_its_pd_handle,
-    ),
-    (
-        "objects::cq_create_and_poll_empty",
-        cq_create_and_poll_empty,
-    ),
-    ("objects::cq_bad_sizes", cq_bad_sizes),
-    ("objects::cq_poll_from_threads", cq_poll_from_threads),
+pub const TESTS: &[Test] = tests![
+    pd_alloc_and_close,
+    mr_register_and_copy,
+    mr_bad_arguments,
+    mr_outlives_its_pd_handle,
+    cq_create_and_poll_empty,
+    cq_bad_sizes,
+    cq_poll_from_threads,
 ];
 
 fn pd_alloc_and_close(env: &Env) -> Result<(), Failed> {

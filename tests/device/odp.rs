@@ -15,17 +15,14 @@ use rdma_verbs::{
     QpType, QueuePair, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::common::{connect, is_rxe, poll_n, rxe_has, Env, TestFn};
+use crate::common::{connect, is_rxe, poll_n, rxe_has, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("odp::regions_need_the_device", regions_need_device),
-    ("odp::data_moves_through_odp_regions", data_moves),
-    ("odp::prefetch_sync_and_async", prefetch),
-    ("odp::prefetch_refusals", prefetch_refusals),
-    (
-        "odp::regions_dropped_and_handed_back_while_posted",
-        held_while_posted,
-    ),
+pub const TESTS: &[Test] = tests![
+    regions_need_the_device,
+    data_moves_through_odp_regions,
+    prefetch_sync_and_async,
+    prefetch_refusals,
+    regions_dropped_and_handed_back_while_posted,
 ];
 
 const ODP: AccessFlags = AccessFlags::ON_DEMAND
@@ -73,7 +70,7 @@ fn odp_region(
     }
 }
 
-fn regions_need_device(env: &Env) -> Result<(), Failed> {
+fn regions_need_the_device(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let Some(mr) = odp_region(env, &pd, 8192)? else {
         // The program's own buffer is refused the same way, and comes back.
@@ -144,7 +141,7 @@ fn rc_pair(
     Ok((cq, a, b))
 }
 
-fn data_moves(env: &Env) -> Result<(), Failed> {
+fn data_moves_through_odp_regions(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let Some(target) = odp_region(env, &pd, 1 << 20)? else {
         return Ok(());
@@ -181,7 +178,7 @@ fn data_moves(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn prefetch(env: &Env) -> Result<(), Failed> {
+fn prefetch_sync_and_async(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let Some(mr) = odp_region(env, &pd, 1 << 20)? else {
         return Ok(());
@@ -272,7 +269,7 @@ fn invalid(r: rdma_verbs::Result<()>, needle: &str) -> Result<(), Failed> {
 /// An ODP region's chunks keep it registered while a receive holds one:
 /// the region's handle refuses to hand its buffer back, dropping the handle
 /// deregisters nothing, and the posted receive still lands.
-fn held_while_posted(env: &Env) -> Result<(), Failed> {
+fn regions_dropped_and_handed_back_while_posted(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     if !has_odp(env)? {
         return Ok(()); // odp::regions_need_the_device checks the refusal

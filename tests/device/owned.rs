@@ -9,24 +9,18 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Chunk, Error, MemoryRegion, Pages, QpCaps, QpType, RegisterBuffer};
 
-use crate::common::{pair, poll_n, reclaim_on as reclaim, Env, Pair, TestFn};
+use crate::common::{pair, poll_n, reclaim_on as reclaim, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("owned::vec_round_trip", vec_round_trip),
-    ("owned::boxed_slice_round_trip", boxed_round_trip),
-    ("owned::static_slice_round_trip", static_round_trip),
-    ("owned::pages_round_trip", pages_round_trip),
-    (
-        "owned::huge_or_normal_pages_round_trip",
-        huge_or_normal_round_trip,
-    ),
-    ("owned::anonymous_mmap_round_trip", anon_mmap_round_trip),
-    ("owned::file_mmap_round_trip", file_mmap_round_trip),
-    ("owned::bytes_mut_round_trip", bytes_mut_round_trip),
-    (
-        "owned::buffer_not_back_while_a_chunk_or_request_names_it",
-        not_back_while_named,
-    ),
+pub const TESTS: &[Test] = tests![
+    vec_round_trip,
+    boxed_slice_round_trip,
+    static_slice_round_trip,
+    pages_round_trip,
+    huge_or_normal_pages_round_trip,
+    anonymous_mmap_round_trip,
+    file_mmap_round_trip,
+    bytes_mut_round_trip,
+    buffer_not_back_while_a_chunk_or_request_names_it,
 ];
 
 pub(super) const LEN: usize = 8192;
@@ -209,11 +203,11 @@ fn vec_round_trip(env: &Env) -> Result<(), Failed> {
     round_trip(env, "Vec<u8>", |b| b.to_vec())
 }
 
-fn boxed_round_trip(env: &Env) -> Result<(), Failed> {
+fn boxed_slice_round_trip(env: &Env) -> Result<(), Failed> {
     round_trip(env, "Box<[u8]>", |b| b.to_vec().into_boxed_slice())
 }
 
-fn static_round_trip(env: &Env) -> Result<(), Failed> {
+fn static_slice_round_trip(env: &Env) -> Result<(), Failed> {
     round_trip(env, "&'static mut [u8]", |b| {
         &mut *Box::leak(b.to_vec().into_boxed_slice())
     })
@@ -227,7 +221,7 @@ fn pages_round_trip(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn huge_or_normal_round_trip(env: &Env) -> Result<(), Failed> {
+fn huge_or_normal_pages_round_trip(env: &Env) -> Result<(), Failed> {
     let huge = Pages::huge_or_normal(1)?.is_huge();
     round_trip(
         env,
@@ -244,7 +238,7 @@ fn huge_or_normal_round_trip(env: &Env) -> Result<(), Failed> {
     )
 }
 
-fn anon_mmap_round_trip(env: &Env) -> Result<(), Failed> {
+fn anonymous_mmap_round_trip(env: &Env) -> Result<(), Failed> {
     round_trip(env, "memmap2::MmapMut (anonymous)", |b| {
         let mut m = memmap2::MmapMut::map_anon(b.len()).expect("map_anon");
         m.copy_from_slice(b);
@@ -301,7 +295,7 @@ fn bytes_mut_round_trip(env: &Env) -> Result<(), Failed> {
 
 /// The buffer comes back only when no chunk, posted request or receive
 /// names the region: refused with `InUse` before, the region unchanged.
-fn not_back_while_named(env: &Env) -> Result<(), Failed> {
+fn buffer_not_back_while_a_chunk_or_request_names_it(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     let mr =
         p.pd.register_owned(pattern(3, 4 * CHUNK), AccessFlags::LOCAL_WRITE)?;

@@ -8,21 +8,12 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::{SendOp, SendWr};
 use rdma_verbs::{AccessFlags, Error, QpCaps, QpType, RegisterBuffer};
 
-use crate::common::{pair, poll_n, reclaim_on, remote_region, Env, Pair, TestFn};
+use crate::common::{pair, poll_n, reclaim_on, remote_region, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "peer_view::words_and_bytes_show_what_the_peer_wrote",
-        shows_what_the_peer_wrote,
-    ),
-    (
-        "peer_view::read_in_place_while_the_peer_writes",
-        read_while_the_peer_writes,
-    ),
-    (
-        "peer_view::ranges_and_alignment_are_refused_typed",
-        refusals,
-    ),
+pub const TESTS: &[Test] = tests![
+    words_and_bytes_show_what_the_peer_wrote,
+    read_in_place_while_the_peer_writes,
+    ranges_and_alignment_are_refused_typed,
 ];
 
 const SLOT: usize = 4096;
@@ -49,7 +40,7 @@ fn write_slot(
 
 /// Four messages into four slots: after each completion the slot's words
 /// and bytes in place are the message, and fold to what the copy folds to.
-fn shows_what_the_peer_wrote(env: &Env) -> Result<(), Failed> {
+fn words_and_bytes_show_what_the_peer_wrote(env: &Env) -> Result<(), Failed> {
     let mut p = pair(
         env,
         QpType::Rc,
@@ -106,7 +97,7 @@ fn shows_what_the_peer_wrote(env: &Env) -> Result<(), Failed> {
 /// an older number (reads of one place by one thread are coherent), and at
 /// the end the slot holds the last. Under valgrind this is the in-place
 /// read racing the device's writes.
-fn read_while_the_peer_writes(env: &Env) -> Result<(), Failed> {
+fn read_in_place_while_the_peer_writes(env: &Env) -> Result<(), Failed> {
     const WRITES: usize = 64;
     let caps = QpCaps {
         max_send_wr: WRITES as u32,
@@ -163,7 +154,7 @@ fn read_while_the_peer_writes(env: &Env) -> Result<(), Failed> {
 /// Out of range, overflowing, misaligned: typed refusals naming the bytes.
 /// A program's own buffer registered at an odd address views fine as
 /// bytes, and its words are refused with the address.
-fn refusals(env: &Env) -> Result<(), Failed> {
+fn ranges_and_alignment_are_refused_typed(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let region = remote_region(&pd, SLOT)?;
     for (off, len) in [(SLOT, 1), (1, SLOT), (usize::MAX, 2)] {

@@ -8,21 +8,12 @@ use rdma_verbs::{
     AccessFlags, CompletionQueue, Context, Error, Gid, GidType, Mtu, ProtectionDomain,
 };
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "port_cache::refusals_on_port_attributes_stay_typed_with_a_warm_cache",
-        refusals_stay_typed,
-    ),
-    (
-        "port_cache::a_warm_or_cold_cache_never_fails_a_valid_modify",
-        valid_modifies_pass,
-    ),
-    (
-        "port_cache::concurrent_setups_on_one_context_all_pass",
-        concurrent_setups,
-    ),
+pub const TESTS: &[Test] = tests![
+    refusals_on_port_attributes_stay_typed_with_a_warm_cache,
+    a_warm_or_cold_cache_never_fails_a_valid_modify,
+    concurrent_setups_on_one_context_all_pass,
 ];
 
 /// What one loopback RC setup needs.
@@ -134,7 +125,7 @@ fn typed(
 /// With the cache warm (a whole setup done on this context, the GID entry
 /// in use read), every refusal on a port attribute or GID entry is still
 /// the typed error, and a valid modify right after each passes.
-fn refusals_stay_typed(env: &Env) -> Result<(), Failed> {
+fn refusals_on_port_attributes_stay_typed_with_a_warm_cache(env: &Env) -> Result<(), Failed> {
     let port = env.port;
     let l = setup(&env.ctx, port)?;
     setup_one(&l, port)?;
@@ -216,7 +207,7 @@ fn refusals_stay_typed(env: &Env) -> Result<(), Failed> {
 
 /// A cold cache (a context just opened), a cache refreshed by the user's
 /// queries, and a cache warmed by refusals: valid setups pass each time.
-fn valid_modifies_pass(env: &Env) -> Result<(), Failed> {
+fn a_warm_or_cold_cache_never_fails_a_valid_modify(env: &Env) -> Result<(), Failed> {
     let port = env.port;
     // Cold: a second context, nothing read yet on it but what setup reads;
     // its first modify is the one that fills the cache.
@@ -256,7 +247,7 @@ fn valid_modifies_pass(env: &Env) -> Result<(), Failed> {
 
 /// The cache is shared by every thread using the context: four threads
 /// setting QPs up at once (one filling it while others read it) all pass.
-fn concurrent_setups(env: &Env) -> Result<(), Failed> {
+fn concurrent_setups_on_one_context_all_pass(env: &Env) -> Result<(), Failed> {
     let port = env.port;
     // A fresh context, so that the threads race to fill its cache.
     let ctx = Context::open(env.ctx.name())?;

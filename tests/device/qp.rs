@@ -3,23 +3,17 @@
 use libtest_mimic::Failed;
 use rdma_verbs::{Context, Error, QpCaps, QpInitAttr, QpState, QpType, QueuePair};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("qp::create_rc_uc_ud_in_reset", create_rc_uc_ud_in_reset),
-    (
-        "qp::caps_are_at_least_what_was_asked",
-        caps_are_at_least_what_was_asked,
-    ),
-    ("qp::caps_beyond_device_limits", caps_beyond_device_limits),
-    ("qp::cq_of_another_context", cq_of_another_context),
-    ("qp::separate_send_and_recv_cqs", separate_send_and_recv_cqs),
-    ("qp::raw_packet", raw_packet),
-    ("qp::xrc_needs_create_qp_ex", xrc_needs_create_qp_ex),
-    (
-        "qp::children_keep_parents_alive",
-        children_keep_parents_alive,
-    ),
+pub const TESTS: &[Test] = tests![
+    create_rc_uc_ud_in_reset,
+    caps_are_at_least_what_was_asked,
+    caps_beyond_device_limits,
+    cq_of_another_context,
+    separate_send_and_recv_cqs,
+    raw_packet,
+    xrc_needs_create_qp_ex,
+    children_keep_parents_alive,
 ];
 
 fn create_rc_uc_ud_in_reset(env: &Env) -> Result<(), Failed> {

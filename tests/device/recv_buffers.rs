@@ -8,41 +8,23 @@ use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, QpType, WcOpcode};
 
 use crate::by_value::caps;
-use crate::common::{pair, poll_n, Env, TestFn};
+use crate::common::{pair, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("recv_buffers::lend_the_bytes_and_post_again", recv_buffers),
-    ("recv_buffers::come_back_from_a_reset", recv_buffers_reset),
-    (
-        "recv_buffers::refuse_a_receive_posted_with_their_wr_id",
-        recv_buffers_forged,
-    ),
-    (
-        "recv_buffers::post_direct_and_refuse_with_nothing_recorded",
-        recv_buffers_direct,
-    ),
-    (
-        "recv_buffers::outlive_their_pool_while_posted",
-        recv_buffers_dropped,
-    ),
-    (
-        "recv_buffers::a_qp_holds_a_pools_region_exactly_while_a_buffer_is_posted",
-        recv_buffers_pin,
-    ),
-    (
-        "recv_buffers::a_dropped_pools_region_goes_when_each_qp_it_was_posted_to_looks",
-        recv_buffers_pin_two_qps,
-    ),
-    (
-        "recv_buffers::of_0_bytes_take_writes_with_immediate_on_a_qp_and_an_srq",
-        recv_buffers_empty,
-    ),
+pub const TESTS: &[Test] = tests![
+    lend_the_bytes_and_post_again,
+    come_back_from_a_reset,
+    refuse_a_receive_posted_with_their_wr_id,
+    post_direct_and_refuse_with_nothing_recorded,
+    outlive_their_pool_while_posted,
+    a_qp_holds_a_pools_region_exactly_while_a_buffer_is_posted,
+    a_dropped_pools_region_goes_when_each_qp_it_was_posted_to_looks,
+    of_0_bytes_take_writes_with_immediate_on_a_qp_and_an_srq,
 ];
 
 /// A pool of four buffers kept posted on the receiving QP through twelve
 /// messages: each completion lends the bytes, dropping the loan frees the
 /// buffer, and one post call reposts all that are free.
-fn recv_buffers(env: &Env) -> Result<(), Failed> {
+fn lend_the_bytes_and_post_again(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     ensure!(
         RecvBuffers::new(&p.pd, 0, 64).is_err(),
@@ -130,7 +112,7 @@ fn recv_buffers(env: &Env) -> Result<(), Failed> {
 }
 
 /// Buffers posted when the QP is reset come back through `give_back`.
-fn recv_buffers_reset(env: &Env) -> Result<(), Failed> {
+fn come_back_from_a_reset(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut bufs = RecvBuffers::new(&p.pd, 3, 64)?;
     bufs.post(&mut p.b)?;
@@ -162,7 +144,7 @@ fn recv_buffers_reset(env: &Env) -> Result<(), Failed> {
 /// and a refusal records nothing and leaves every buffer free: no room
 /// for them all, a pool of another PD, a QP in RESET, buffers too small
 /// for a UD QP's GRH. One pool feeds two QPs.
-fn recv_buffers_direct(env: &Env) -> Result<(), Failed> {
+fn post_direct_and_refuse_with_nothing_recorded(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let room = p.b.caps().max_recv_wr as usize;
     // No room for all: refused whole, then posted up to the room.
@@ -259,7 +241,7 @@ fn recv_buffers_direct(env: &Env) -> Result<(), Failed> {
 /// chunk (the bytes went with the pool). A second pool posted behind them
 /// meanwhile takes the next message as usual, and its other buffer comes
 /// back from the QP's RESET, which it takes back.
-fn recv_buffers_dropped(env: &Env) -> Result<(), Failed> {
+fn outlive_their_pool_while_posted(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut gone = RecvBuffers::new(&p.pd, 2, 64)?;
     ensure!(gone.post(&mut p.b)? == 2, "posted");
@@ -350,7 +332,7 @@ fn send_reclaimed(
 /// the pool's last posted buffer ends (its completion, or a RESET), so
 /// that a dropped pool's region is deregistered then, not when the QP
 /// goes; a pool that lives on keeps its own handle meanwhile.
-fn recv_buffers_pin(env: &Env) -> Result<(), Failed> {
+fn a_qp_holds_a_pools_region_exactly_while_a_buffer_is_posted(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut srcs = p.pd.alloc_chunks(4, 64, AccessFlags::LOCAL_WRITE)?;
     let base = regions_of(&p.pd)?;
@@ -395,7 +377,9 @@ fn recv_buffers_pin(env: &Env) -> Result<(), Failed> {
 /// of them: that QP lets go of the region when the last of them ends;
 /// the other, which holds none, keeps it until it next looks (here:
 /// another pool's first post there), and then lets go.
-fn recv_buffers_pin_two_qps(env: &Env) -> Result<(), Failed> {
+fn a_dropped_pools_region_goes_when_each_qp_it_was_posted_to_looks(
+    env: &Env,
+) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::empty())?;
     let mut srcs = p.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
     let base = regions_of(&p.pd)?;
@@ -444,7 +428,7 @@ fn recv_buffers_pin_two_qps(env: &Env) -> Result<(), Failed> {
 /// buffers (and two chunks of its own) is not the pool's: taken before
 /// the pool's own completion it comes back whole as `Taken::Other`, no
 /// panic, and the pool's buffer is still recognised afterwards.
-fn recv_buffers_forged(env: &Env) -> Result<(), Failed> {
+fn refuse_a_receive_posted_with_their_wr_id(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_recv_sge: 2,
         ..caps()
@@ -517,7 +501,7 @@ fn recv_buffers_forged(env: &Env) -> Result<(), Failed> {
 /// write's completion offered twice
 /// ends nothing the second time; what the pool refuses (RESET) leaves
 /// every buffer free.
-fn recv_buffers_empty(env: &Env) -> Result<(), Failed> {
+fn of_0_bytes_take_writes_with_immediate_on_a_qp_and_an_srq(env: &Env) -> Result<(), Failed> {
     use rdma_verbs::QpInitAttr;
     ensure!(
         RecvBuffers::new(&env.ctx.alloc_pd()?, 0, 0).is_err(),

@@ -10,12 +10,9 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpType};
 
-use crate::common::{pair, Env, Rng, TestFn};
+use crate::common::{pair, Env, Rng, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[(
-    "recv_model::recv_buffers_follow_the_model_through_random_steps",
-    recv_buffers_model,
-)];
+pub const TESTS: &[Test] = tests![recv_buffers_follow_the_model_through_random_steps,];
 
 /// The model: how many buffers are free and posted, and the messages sent
 /// and not yet taken (their first byte and length), in order.
@@ -29,7 +26,7 @@ struct Model {
 const BUFS: usize = 6;
 const STEPS: usize = 400;
 
-fn recv_buffers_model(env: &Env) -> Result<(), Failed> {
+fn recv_buffers_follow_the_model_through_random_steps(env: &Env) -> Result<(), Failed> {
     let caps = QpCaps {
         max_send_wr: 16,
         max_recv_wr: 16,

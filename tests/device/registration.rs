@@ -7,29 +7,20 @@ use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, ChunkedRegion, Error, Pages};
 
 use super::owned::{expect_in_use, one, pattern, rc_pair, ALL_REMOTE, CHUNK, LEN};
-use crate::common::{poll_n, reclaim_on as reclaim, Env, Pair, TestFn};
+use crate::common::{poll_n, reclaim_on as reclaim, Env, Pair, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("registration::zero_based_and_chosen_iova", chosen_iova),
-    ("registration::huge_pages_registered_or_refused", huge_pages),
-    (
-        "registration::dmabuf_refused_with_unsupported_on_rxe",
-        dmabuf,
-    ),
-    (
-        "registration::rereg_in_place_refused_while_named_and_typed",
-        rereg_in_place,
-    ),
-    ("registration::rereg_onto_another_buffer", rereg_buffer),
-    (
-        "registration::file_truncated_under_a_registered_mapping",
-        truncated_file,
-    ),
+pub const TESTS: &[Test] = tests![
+    zero_based_and_chosen_iova,
+    huge_pages_registered_or_refused,
+    dmabuf_refused_with_unsupported_on_rxe,
+    rereg_in_place_refused_while_named_and_typed,
+    rereg_onto_another_buffer,
+    file_truncated_under_a_registered_mapping,
 ];
 
 /// A zero-based region (`iova` 0) and one at an address of the test's
 /// choosing: peers and local entries name bytes by that address.
-fn chosen_iova(env: &Env) -> Result<(), Failed> {
+fn zero_based_and_chosen_iova(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     iova_refusals(&p)?;
     let target = p.pd.register_owned_at(Pages::new(LEN)?, ALL_REMOTE, 0)?;
@@ -129,7 +120,7 @@ fn meminfo(field: &str) -> u64 {
 /// With no huge page free, `Pages::huge` is refused with the typed error
 /// (nothing mapped) and `huge_or_normal` falls back; in the VM (root, a
 /// throw-away kernel) the test then reserves four and registers one.
-fn huge_pages(env: &Env) -> Result<(), Failed> {
+fn huge_pages_registered_or_refused(env: &Env) -> Result<(), Failed> {
     let size = meminfo("Hugepagesize") as usize * 1024;
     let free = meminfo("HugePages_Free");
     if free == 0 {
@@ -197,7 +188,7 @@ fn huge_pages(env: &Env) -> Result<(), Failed> {
 /// (not a dma-buf, which a device that does register dma-bufs refuses).
 fn dmabuf_fd() -> Result<(std::os::fd::OwnedFd, &'static str), Failed> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let name = c"rdma-verbs-dmabuf";
+    let name = c"rdma-verbs-dmabuf_refused_with_unsupported_on_rxe";
     // SAFETY: memfd_create with a NUL-terminated name; the fd is ours.
     let memfd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
     ensure!(
@@ -248,7 +239,7 @@ fn dmabuf_fd() -> Result<(std::os::fd::OwnedFd, &'static str), Failed> {
     Ok((unsafe { OwnedFd::from_raw_fd(fd) }, "a udmabuf dma-buf"))
 }
 
-fn dmabuf(env: &Env) -> Result<(), Failed> {
+fn dmabuf_refused_with_unsupported_on_rxe(env: &Env) -> Result<(), Failed> {
     use std::os::fd::AsRawFd;
     let pd = env.ctx.alloc_pd()?;
     let (fd, what) = dmabuf_fd()?;
@@ -307,7 +298,7 @@ fn dmabuf(env: &Env) -> Result<(), Failed> {
 /// (the region is then a `ChunkedRegion`, which has no rereg; rejoin is
 /// refused) and for a PD of another context; on rxe `Unsupported`, the
 /// region unchanged and still working.
-fn rereg_in_place(env: &Env) -> Result<(), Failed> {
+fn rereg_in_place_refused_while_named_and_typed(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     let mr =
         p.pd.register_owned(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
@@ -385,14 +376,14 @@ fn send_from(p: &mut Pair, chunk: rdma_verbs::Chunk, what: &str) -> Result<(), F
 /// `Unsupported`, both handed back unchanged and the region still working;
 /// where the device does it, the same keys over the new buffer and the
 /// old one back.
-fn rereg_buffer(env: &Env) -> Result<(), Failed> {
+fn rereg_onto_another_buffer(env: &Env) -> Result<(), Failed> {
     let mut p = rc_pair(env)?;
     let mr =
         p.pd.register_owned(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
     let (lkey, rkey) = (mr.lkey(), mr.rkey());
     let (e, (mr, empty)) = match mr.rereg_buffer(Vec::<u8>::new()) {
         Err(r) => r.into_parts(),
-        Ok(_) => return Err("rereg_buffer onto an empty buffer accepted".into()),
+        Ok(_) => return Err("rereg_onto_another_buffer onto an empty buffer accepted".into()),
     };
     ensure!(
         matches!(e, Error::InvalidArgument { .. }) && empty == Some(Vec::new()),
@@ -408,7 +399,7 @@ fn rereg_buffer(env: &Env) -> Result<(), Failed> {
             );
             ensure!(old == vec![0u8; 4096], "the old buffer came back changed");
             eprintln!(
-                "registration: rereg_buffer: moved, keys {:#x}/{:#x}",
+                "registration: rereg_onto_another_buffer: moved, keys {:#x}/{:#x}",
                 moved.lkey(),
                 moved.rkey()
             );
@@ -420,7 +411,10 @@ fn rereg_buffer(env: &Env) -> Result<(), Failed> {
         }
         Err(r) => {
             let (e, (back, new)) = r.into_parts();
-            ensure!(matches!(e, Error::Unsupported { .. }), "rereg_buffer: {e}");
+            ensure!(
+                matches!(e, Error::Unsupported { .. }),
+                "rereg_onto_another_buffer: {e}"
+            );
             let new = new.ok_or("the new buffer was kept on an Unsupported refusal")?;
             ensure!(
                 new.as_ptr() == new_ptr && new == vec![9u8; 8192],
@@ -430,14 +424,14 @@ fn rereg_buffer(env: &Env) -> Result<(), Failed> {
                 back.len() == 4096 && (back.lkey(), back.rkey()) == (lkey, rkey),
                 "the region changed"
             );
-            eprintln!("registration: rereg_buffer: {e}");
+            eprintln!("registration: rereg_onto_another_buffer: {e}");
             back
         }
     };
     send_from(
         &mut p,
         mr.into_chunks(4096)?.remove(0),
-        "after a refused rereg_buffer",
+        "after a refused rereg_onto_another_buffer",
     )
 }
 
@@ -447,7 +441,7 @@ fn rereg_buffer(env: &Env) -> Result<(), Failed> {
 /// pinned, the device's writes beyond the new end complete (into pages no
 /// longer part of the file), nothing hangs, and `into_inner` hands the map
 /// back. The file keeps what was written inside its new length.
-fn truncated_file(env: &Env) -> Result<(), Failed> {
+fn file_truncated_under_a_registered_mapping(env: &Env) -> Result<(), Failed> {
     let dir = std::path::Path::new("/dev/shm");
     let dir = if dir.is_dir() {
         dir.to_owned()

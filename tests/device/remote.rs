@@ -4,17 +4,11 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::{SendOp, SendWr};
 use rdma_verbs::{AccessFlags, Error, QpCaps, QpType, RemoteBuf, WcOpcode};
 
-use crate::common::{pair, poll_n, reclaim_on, remote_region, Env, TestFn};
+use crate::common::{pair, poll_n, reclaim_on, remote_region, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "remote::remote_buf_needs_remote_access",
-        remote_buf_needs_remote_access,
-    ),
-    (
-        "remote::peer_reads_and_writes_through_a_received_record",
-        peer_uses_the_record,
-    ),
+pub const TESTS: &[Test] = tests![
+    remote_buf_needs_remote_access,
+    peer_reads_and_writes_through_a_received_record,
 ];
 
 fn remote_buf_needs_remote_access(env: &Env) -> Result<(), Failed> {
@@ -54,7 +48,7 @@ fn remote_buf_needs_remote_access(env: &Env) -> Result<(), Failed> {
 /// The server's region goes over "the wire" (to_wire / from_wire); the
 /// client writes and reads at offsets `at` gives, and the bytes land
 /// exactly there.
-fn peer_uses_the_record(env: &Env) -> Result<(), Failed> {
+fn peer_reads_and_writes_through_a_received_record(env: &Env) -> Result<(), Failed> {
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mut p = pair(env, QpType::Rc, QpCaps::default(), access)?;
     let mut region = remote_region(&p.pd, 1024)?;

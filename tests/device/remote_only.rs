@@ -13,36 +13,18 @@ use rdma_verbs::{
     WcStatus,
 };
 
-use crate::common::{poll_n, remote_region, rxe_has, Env, TestFn};
+use crate::common::{poll_n, remote_region, rxe_has, Env, Test};
 use crate::ex::{ex_pair, reclaim, ExPair};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("remote_only::atomic_write_lands_whole", atomic_write_lands),
-    (
-        "remote_only::atomic_write_refusals_keep_the_batch_open",
-        atomic_write_refusals,
-    ),
-    (
-        "remote_only::atomic_write_without_remote_write_is_refused_by_the_peer",
-        atomic_write_no_right,
-    ),
-    (
-        "remote_only::atomic_write_past_the_region_is_refused_by_the_peer",
-        atomic_write_past_end,
-    ),
-    ("remote_only::flush_after_writes", flush_after_writes),
-    (
-        "remote_only::flush_rights_need_the_device",
-        flush_rights_need_device,
-    ),
-    (
-        "remote_only::flush_without_the_right_is_refused_by_the_peer",
-        flush_no_right,
-    ),
-    (
-        "remote_only::flush_past_the_region_is_refused_by_the_peer",
-        flush_past_end,
-    ),
+pub const TESTS: &[Test] = tests![
+    atomic_write_lands_whole,
+    atomic_write_refusals_keep_the_batch_open,
+    atomic_write_without_remote_write_is_refused_by_the_peer,
+    atomic_write_past_the_region_is_refused_by_the_peer,
+    flush_after_writes,
+    flush_rights_need_the_device,
+    flush_without_the_right_is_refused_by_the_peer,
+    flush_past_the_region_is_refused_by_the_peer,
 ];
 
 /// What a QP for `op` needs besides it.
@@ -161,7 +143,7 @@ fn read8(mr: &MemoryRegion, off: usize) -> Result<[u8; 8], Failed> {
     Ok(b)
 }
 
-fn atomic_write_lands(env: &Env) -> Result<(), Failed> {
+fn atomic_write_lands_whole(env: &Env) -> Result<(), Failed> {
     let Some(mut p) = pair(env, SendOpsFlags::ATOMIC_WRITE)? else {
         return Ok(());
     };
@@ -184,7 +166,7 @@ fn atomic_write_lands(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn atomic_write_refusals(env: &Env) -> Result<(), Failed> {
+fn atomic_write_refusals_keep_the_batch_open(env: &Env) -> Result<(), Failed> {
     let Some(mut p) = pair(env, SendOpsFlags::ATOMIC_WRITE)? else {
         return Ok(());
     };
@@ -235,7 +217,7 @@ fn atomic_write_refusals(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn atomic_write_no_right(env: &Env) -> Result<(), Failed> {
+fn atomic_write_without_remote_write_is_refused_by_the_peer(env: &Env) -> Result<(), Failed> {
     let Some(mut p) = pair(env, SendOpsFlags::ATOMIC_WRITE)? else {
         return Ok(());
     };
@@ -253,7 +235,7 @@ fn atomic_write_no_right(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn atomic_write_past_end(env: &Env) -> Result<(), Failed> {
+fn atomic_write_past_the_region_is_refused_by_the_peer(env: &Env) -> Result<(), Failed> {
     let Some(mut p) = pair(env, SendOpsFlags::ATOMIC_WRITE)? else {
         return Ok(());
     };
@@ -317,7 +299,7 @@ fn flush_after_writes(env: &Env) -> Result<(), Failed> {
 }
 
 /// A region asks for a FLUSH right only where the device reports it.
-fn flush_rights_need_device(env: &Env) -> Result<(), Failed> {
+fn flush_rights_need_the_device(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let caps = env.ctx.attr().capabilities;
     let must = rxe_has(env, (6, 2), 0);
@@ -337,7 +319,7 @@ fn flush_rights_need_device(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn flush_no_right(env: &Env) -> Result<(), Failed> {
+fn flush_without_the_right_is_refused_by_the_peer(env: &Env) -> Result<(), Failed> {
     let Some(mut p) = pair(env, SendOpsFlags::FLUSH)? else {
         return Ok(());
     };
@@ -353,7 +335,7 @@ fn flush_no_right(env: &Env) -> Result<(), Failed> {
     one_completion(&mut p, WcStatus::RemAccessErr, WcOpcode::Flush, 8)
 }
 
-fn flush_past_end(env: &Env) -> Result<(), Failed> {
+fn flush_past_the_region_is_refused_by_the_peer(env: &Env) -> Result<(), Failed> {
     let Some(mut p) = pair(env, SendOpsFlags::FLUSH)? else {
         return Ok(());
     };

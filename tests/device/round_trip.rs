@@ -15,22 +15,13 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{connect, deadline, Env, TestFn};
+use crate::common::{connect, deadline, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("round_trip::two_send_chunks_lose_nothing", two_send_chunks),
-    (
-        "round_trip::two_send_chunks_lose_nothing_when_replies_come_first",
-        two_send_chunks_late,
-    ),
-    (
-        "round_trip::one_send_chunk_waits_for_a_late_send_completion",
-        one_send_chunk_late,
-    ),
-    (
-        "round_trip::inline_requests_need_no_send_buffer",
-        inline_requests_late,
-    ),
+pub const TESTS: &[Test] = tests![
+    two_send_chunks_lose_nothing,
+    two_send_chunks_lose_nothing_when_replies_come_first,
+    one_send_chunk_waits_for_a_late_send_completion,
+    inline_requests_need_no_send_buffer,
 ];
 
 /// Round trips of each test: 200, or 50 under valgrind (whose one
@@ -283,13 +274,13 @@ fn run(env: &Env, send_chunks: usize, late_sends: bool) -> Result<Seen, Failed> 
 
 /// Two send chunks, completions as the device gives them: every reply
 /// checked, both chunks back.
-fn two_send_chunks(env: &Env) -> Result<(), Failed> {
+fn two_send_chunks_lose_nothing(env: &Env) -> Result<(), Failed> {
     run(env, 2, false).map(drop)
 }
 
 /// Two send chunks, each reply handled before its send completion: a
 /// request never waits (the other chunk is free), and both come back.
-fn two_send_chunks_late(env: &Env) -> Result<(), Failed> {
+fn two_send_chunks_lose_nothing_when_replies_come_first(env: &Env) -> Result<(), Failed> {
     let seen = run(env, 2, true)?;
     ensure!(
         seen.reply_first == rounds() && seen.waited == 0,
@@ -303,7 +294,7 @@ fn two_send_chunks_late(env: &Env) -> Result<(), Failed> {
 /// One send chunk, each reply handled before its send completion: every
 /// request after the first waits for the last one's completion, which
 /// brings the chunk back.
-fn one_send_chunk_late(env: &Env) -> Result<(), Failed> {
+fn one_send_chunk_waits_for_a_late_send_completion(env: &Env) -> Result<(), Failed> {
     let seen = run(env, 1, true)?;
     ensure!(
         seen.reply_first == rounds() && seen.waited == rounds() - 1,
@@ -317,7 +308,7 @@ fn one_send_chunk_late(env: &Env) -> Result<(), Failed> {
 /// Requests sent inline, each reply handled before its send completion:
 /// the provider copied them at the post, their completions bring nothing
 /// back, and the loop is the same.
-fn inline_requests_late(env: &Env) -> Result<(), Failed> {
+fn inline_requests_need_no_send_buffer(env: &Env) -> Result<(), Failed> {
     let seen = run(env, 0, true)?;
     ensure!(
         seen.reply_first == rounds(),

@@ -16,34 +16,16 @@ use rdma_verbs::cm::{CmEventKind, CmId, CmRouter, ConnParam, EventChannel, Event
 use rdma_verbs::{CompletionQueue, Error, ProtectionDomain, QpInitAttr, QpType, QueuePair};
 
 use crate::cm::listener;
-use crate::common::{cm_addr, deadline, under_valgrind, Env, TestFn};
+use crate::common::{cm_addr, deadline, under_valgrind, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "route::interleaved_requests_of_several_clients_on_one_router",
-        interleaved_requests,
-    ),
-    (
-        "route::kept_events_of_a_dropped_id_are_swept_without_a_hang",
-        dropped_id_swept,
-    ),
-    (
-        "route::requests_kept_for_a_dropped_listener_are_rejected",
-        dropped_listener,
-    ),
-    (
-        "route::deadline_names_what_was_awaited_and_loses_nothing",
-        deadline_names_kind,
-    ),
-    ("route::wrong_channel_refused_typed", wrong_channel),
-    (
-        "route::same_wait_twice_gets_each_event_once",
-        same_wait_twice,
-    ),
-    (
-        "route::threads_on_a_busy_machine_get_their_own_events",
-        threads_busy,
-    ),
+pub const TESTS: &[Test] = tests![
+    interleaved_requests_of_several_clients_on_one_router,
+    kept_events_of_a_dropped_id_are_swept_without_a_hang,
+    requests_kept_for_a_dropped_listener_are_rejected,
+    deadline_names_what_was_awaited_and_loses_nothing,
+    wrong_channel_refused_typed,
+    same_wait_twice_gets_each_event_once,
+    threads_on_a_busy_machine_get_their_own_events,
 ];
 
 const SHORT: Duration = Duration::from_millis(100);
@@ -84,7 +66,7 @@ fn keep_until(router: &CmRouter, n: usize) -> Result<(), Failed> {
 /// once, the server accepts one request at a time and waits for that
 /// connection's ESTABLISHED while the other requests (and the clients'
 /// events) are kept; each side takes its own events in its own order.
-fn interleaved_requests(env: &Env) -> Result<(), Failed> {
+fn interleaved_requests_of_several_clients_on_one_router(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let router = CmRouter::new()?;
     let (l, addr) = listener(router.channel(), ip, PortSpace::Tcp)?;
@@ -165,7 +147,7 @@ fn interleaved_requests(env: &Env) -> Result<(), Failed> {
 /// is held): the next look acknowledges all three and the ids are
 /// destroyed then, without a hang. A `CmId` dropped while its events are
 /// kept must never wait in `rdma_destroy_id`.
-fn dropped_id_swept(env: &Env) -> Result<(), Failed> {
+fn kept_events_of_a_dropped_id_are_swept_without_a_hang(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let (_sch, l_addr) = {
         let sch = EventChannel::new()?;
@@ -204,7 +186,7 @@ fn dropped_id_swept(env: &Env) -> Result<(), Failed> {
 /// A connection request kept for a listener that is then dropped: nobody
 /// can take it any more, so the next look rejects it (the client sees
 /// REJECTED), and the listener is destroyed.
-fn dropped_listener(env: &Env) -> Result<(), Failed> {
+fn requests_kept_for_a_dropped_listener_are_rejected(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let router = CmRouter::new()?;
     let (l, addr) = listener(router.channel(), ip, PortSpace::Tcp)?;
@@ -231,7 +213,7 @@ fn dropped_listener(env: &Env) -> Result<(), Failed> {
 /// A wait for an id with no event ends at its deadline with
 /// `Error::Timeout` naming the awaited kind, and the events of others read
 /// meanwhile are all still there, each once.
-fn deadline_names_kind(env: &Env) -> Result<(), Failed> {
+fn deadline_names_what_was_awaited_and_loses_nothing(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let sch = EventChannel::new()?;
     let (_l, addr) = listener(&sch, ip, PortSpace::Tcp)?;
@@ -284,7 +266,7 @@ fn deadline_names_kind(env: &Env) -> Result<(), Failed> {
 
 /// An id of another channel is refused before any wait, whichever way it
 /// is named.
-fn wrong_channel(_env: &Env) -> Result<(), Failed> {
+fn wrong_channel_refused_typed(_env: &Env) -> Result<(), Failed> {
     let router = CmRouter::new()?;
     let other = EventChannel::new()?;
     let id = other.create_id(PortSpace::Tcp)?;
@@ -317,7 +299,7 @@ fn wrong_channel(_env: &Env) -> Result<(), Failed> {
 
 /// Two threads wait for the same id at once: its one event goes to one of
 /// them, the other times out; the event is never given twice.
-fn same_wait_twice(env: &Env) -> Result<(), Failed> {
+fn same_wait_twice_gets_each_event_once(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let sch = EventChannel::new()?;
     let (_l, addr) = listener(&sch, ip, PortSpace::Tcp)?;
@@ -357,7 +339,7 @@ fn same_wait_twice(env: &Env) -> Result<(), Failed> {
 /// resolution on one router, with two threads spinning beside them (not
 /// under valgrind): each gets exactly its events, nothing is left,
 /// nothing hangs.
-fn threads_busy(env: &Env) -> Result<(), Failed> {
+fn threads_on_a_busy_machine_get_their_own_events(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let sch = EventChannel::new()?;
     let (_l, addr) = listener(&sch, ip, PortSpace::Tcp)?;

@@ -10,17 +10,11 @@ use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, QpType, SharedChunk};
 
 use crate::by_value::caps;
-use crate::common::{pair, poll_n, Env, TestFn};
+use crate::common::{pair, poll_n, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "template_pins::each_template_posts_its_own_request_on_a_shared_qp",
-        own_requests,
-    ),
-    (
-        "template_pins::clone_dropped_while_outstanding_leaves_the_source_writable",
-        clone_dropped_while_outstanding_leaves_the_source_writable,
-    ),
+pub const TESTS: &[Test] = tests![
+    each_template_posts_its_own_request_on_a_shared_qp,
+    clone_dropped_while_outstanding_leaves_the_source_writable,
 ];
 
 /// A clone of a template dropped while a request from it is outstanding
@@ -75,7 +69,7 @@ fn post_and_end(p: &mut crate::common::Pair, t: &SendTemplate, id: u64) -> Resul
     Ok(())
 }
 
-fn own_requests(env: &Env) -> Result<(), Failed> {
+fn each_template_posts_its_own_request_on_a_shared_qp(env: &Env) -> Result<(), Failed> {
     let mut p = pair(env, QpType::Rc, caps(), AccessFlags::REMOTE_WRITE)?;
     let target = crate::common::remote_region(&p.pd, 128)?;
     let at = |off: u64| {

@@ -9,14 +9,11 @@ use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
 use rdma_verbs::wait::Poller;
 use rdma_verbs::{AccessFlags, CompletionChannel, QpInitAttr, QpType};
 
-use crate::common::{connect, deadline, Env, TestFn};
+use crate::common::{connect, deadline, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[(
-    "wait::poller_names_the_source_that_is_ready",
-    poller_sources,
-)];
+pub const TESTS: &[Test] = tests![poller_names_the_source_that_is_ready,];
 
-fn poller_sources(env: &Env) -> Result<(), Failed> {
+fn poller_names_the_source_that_is_ready(env: &Env) -> Result<(), Failed> {
     let pd = env.ctx.alloc_pd()?;
     let comp = CompletionChannel::new(&env.ctx)?;
     comp.set_nonblocking(true)?;

@@ -123,7 +123,7 @@ fn next_event(
 /// and on this kernel's rxe left the client's later connections without
 /// an answer: see the testing guide.) A server that gets the new request
 /// before any `Disconnected` ends the stale connection itself.
-pub fn link_down(side: &Side) -> Result<(), Failed> {
+pub fn link_down_disconnect_then_reconnect(side: &Side) -> Result<(), Failed> {
     const PORT: u16 = 18_610;
     if side.server {
         let ch = EventChannel::new()?;
@@ -188,7 +188,7 @@ pub fn link_down(side: &Side) -> Result<(), Failed> {
 /// ends; rxe0 is added back and a new child listens. The client's sends
 /// fail (retry exceeded), it resets and connects again (its REQ is
 /// answered once the server is back), and 20 sends go through.
-pub fn device_removed(side: &Side) -> Result<(), Failed> {
+pub fn peer_device_removed_and_readded(side: &Side) -> Result<(), Failed> {
     use super::peer::{Peer, REMOVAL_PORT};
     if !side.server {
         return super::peer::survivor(side, REMOVAL_PORT, "device removed");
@@ -296,7 +296,7 @@ impl Drop for Away {
 /// is gone (the server removes rxe0 meanwhile): the connect's REQs go
 /// unanswered until the CM gives up (`Unreachable`, `-ETIMEDOUT`). The
 /// client's QP had 8 receives posted: they come back.
-pub fn silent_peer(side: &Side) -> Result<(), Failed> {
+pub fn silent_peer_cm_timeouts_are_typed(side: &Side) -> Result<(), Failed> {
     let mut tcp = tcp(side, 18_640)?;
     if side.server {
         let mut away = Away::new(side);

@@ -152,17 +152,17 @@ impl Drop for Peer {
 /// VM 1 kills the first child once it has received 100 sends, starts a
 /// second, and reports the second's counts (the first's died with it);
 /// VM 2 is the [`survivor`].
-pub fn killed(side: &Side) -> Result<(), Failed> {
+pub fn killed_mid_transfer_then_reconnect(side: &Side) -> Result<(), Failed> {
     if !side.server {
-        return survivor(side, PORT, "peer killed");
+        return survivor(side, PORT, "peer killed_mid_transfer_then_reconnect");
     }
     let first = Peer::spawn("sink")?;
     let got = first.received(100)?;
     drop(first); // SIGKILL, mid-transfer
-    eprintln!("hosts: peer killed (server): SIGKILLed the receiving peer after {got} receives");
+    eprintln!("hosts: peer killed_mid_transfer_then_reconnect (server): SIGKILLed the receiving peer after {got} receives");
     let (posted, returned) = Peer::spawn("sink")?.counts()?;
     eprintln!(
-        "hosts: peer killed (server): the new peer posted {posted} chunks, {returned} came back"
+        "hosts: peer killed_mid_transfer_then_reconnect (server): the new peer posted {posted} chunks, {returned} came back"
     );
     ensure!(
         posted == returned,

@@ -14,29 +14,14 @@ use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
 use rdma_verbs::tokio::{AsyncCq, AsyncEvents, SharedCq};
 use rdma_verbs::{AccessFlags, AsyncEvent, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{connect, Env, TestFn};
+use crate::common::{connect, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "cancel::async_cq_poll_timed_out_then_delivered",
-        poll_timed_out,
-    ),
-    (
-        "cancel::async_cq_poll_dropped_after_its_wakeup",
-        dropped_after_wakeup,
-    ),
-    (
-        "cancel::async_cq_ready_and_stream_keep_what_they_polled",
-        ready_and_stream,
-    ),
-    (
-        "cancel::qp_completions_poll_timed_out_then_delivered",
-        routed_timed_out,
-    ),
-    (
-        "cancel::async_events_next_timed_out_then_delivered",
-        events_timed_out,
-    ),
+pub const TESTS: &[Test] = tests![
+    async_cq_poll_timed_out_then_delivered,
+    async_cq_poll_dropped_after_its_wakeup,
+    async_cq_ready_and_stream_keep_what_they_polled,
+    qp_completions_poll_timed_out_then_delivered,
+    async_events_next_timed_out_then_delivered,
 ];
 
 /// Two connected RC QPs on `cq`, with `n` receives posted on `b`.
@@ -125,7 +110,7 @@ async fn collect(
     Ok(ids)
 }
 
-fn poll_timed_out(env: &Env) -> Result<(), Failed> {
+fn async_cq_poll_timed_out_then_delivered(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let mut cq = AsyncCq::new(&env.ctx, 64)?;
         let (pd, mut a, mut b) = pair_on(env, cq.cq())?;
@@ -147,7 +132,7 @@ fn poll_timed_out(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn dropped_after_wakeup(env: &Env) -> Result<(), Failed> {
+fn async_cq_poll_dropped_after_its_wakeup(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let mut cq = AsyncCq::new(&env.ctx, 64)?;
         let (pd, mut a, mut b) = pair_on(env, cq.cq())?;
@@ -180,7 +165,7 @@ fn dropped_after_wakeup(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn ready_and_stream(env: &Env) -> Result<(), Failed> {
+fn async_cq_ready_and_stream_keep_what_they_polled(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let mut cq = AsyncCq::new(&env.ctx, 64)?;
         let (pd, mut a, mut b) = pair_on(env, cq.cq())?;
@@ -226,7 +211,7 @@ fn ready_and_stream(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn routed_timed_out(env: &Env) -> Result<(), Failed> {
+fn qp_completions_poll_timed_out_then_delivered(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let shared = SharedCq::new(&env.ctx, 64)?;
         let (pd, mut a, mut b) = pair_on(env, shared.cq())?;
@@ -276,7 +261,7 @@ fn routed_timed_out(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn events_timed_out(env: &Env) -> Result<(), Failed> {
+fn async_events_next_timed_out_then_delivered(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let mut events = AsyncEvents::new(&env.ctx)?;
         for _ in 0..20 {

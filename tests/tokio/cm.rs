@@ -15,16 +15,13 @@ use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
 use rdma_verbs::tokio::{AsyncCmChannel, AsyncCq};
 use rdma_verbs::{AccessFlags, Error, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{cm_addr, Env, TestFn};
+use crate::common::{cm_addr, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    ("cm::sixteen_connections_a_task_each", sixteen),
-    (
-        "cm::dropped_get_request_and_connect_lose_no_event",
-        dropped_waits,
-    ),
-    ("cm::an_id_of_another_channel_is_refused", other_channel),
-    ("cm::event_streams_yield_request_and_rejection", streams),
+pub const TESTS: &[Test] = tests![
+    sixteen_connections_a_task_each,
+    dropped_get_request_and_connect_lose_no_event,
+    an_id_of_another_channel_is_refused,
+    event_streams_yield_request_and_rejection,
 ];
 
 const T: Duration = Duration::from_secs(2);
@@ -70,7 +67,7 @@ async fn one(
     Ok((kind, done.into_chunk().ok_or("no chunk")?, wc.byte_len()))
 }
 
-fn sixteen(env: &Env) -> Result<(), Failed> {
+fn sixteen_connections_a_task_each(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit() * 3, async {
         let sch = AsyncCmChannel::new()?;
         let (listener, addr) = listen(env, &sch).await?;
@@ -146,7 +143,7 @@ fn sixteen(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn dropped_waits(env: &Env) -> Result<(), Failed> {
+fn dropped_get_request_and_connect_lose_no_event(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit() * 2, async {
         let sch = AsyncCmChannel::new()?;
         let (listener, addr) = listen(env, &sch).await?;
@@ -198,7 +195,7 @@ fn dropped_waits(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn other_channel(env: &Env) -> Result<(), Failed> {
+fn an_id_of_another_channel_is_refused(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let (a, b) = (AsyncCmChannel::new()?, AsyncCmChannel::new()?);
         let id = a.create_id(PortSpace::Tcp)?;
@@ -217,7 +214,7 @@ fn other_channel(env: &Env) -> Result<(), Failed> {
 /// The `events()` streams of two channels: the server's yields the
 /// request, which is rejected by dropping it untaken; the client's
 /// yields `REJECTED`.
-fn streams(env: &Env) -> Result<(), Failed> {
+fn event_streams_yield_request_and_rejection(env: &Env) -> Result<(), Failed> {
     use futures_core::Stream;
     async fn next(
         s: &mut rdma_verbs::tokio::CmEvents<'_>,

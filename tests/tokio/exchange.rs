@@ -13,15 +13,12 @@ use rdma_verbs::qp::{RecvWr, SendOp, SendWr};
 use rdma_verbs::tokio::{AsyncCq, QpCompletions, SharedCq};
 use rdma_verbs::{AccessFlags, Chunk, QpCaps, QpInitAttr, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{connect, Env, TestFn};
+use crate::common::{connect, Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "exchange::qps_64_on_one_shared_cq_1000_messages_each",
-        one_cq,
-    ),
-    ("exchange::qps_64_on_64_cqs_1000_messages_each", own_cqs),
-    ("exchange::busy_poll_4_pairs_200_messages_each", busy_poll),
+pub const TESTS: &[Test] = tests![
+    qps_64_on_one_shared_cq_1000_messages_each,
+    qps_64_on_64_cqs_1000_messages_each,
+    busy_poll_4_pairs_200_messages_each,
 ];
 
 const PAIRS: usize = 64;
@@ -55,7 +52,7 @@ fn caps() -> QpCaps {
     }
 }
 
-fn one_cq(env: &Env) -> Result<(), Failed> {
+fn qps_64_on_one_shared_cq_1000_messages_each(env: &Env) -> Result<(), Failed> {
     let done = Arc::new(AtomicU64::new(0));
     crate::run_progressing(crate::limit(), &done, async {
         let pd = env.ctx.alloc_pd()?;
@@ -87,7 +84,7 @@ fn one_cq(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn own_cqs(env: &Env) -> Result<(), Failed> {
+fn qps_64_on_64_cqs_1000_messages_each(env: &Env) -> Result<(), Failed> {
     let done = Arc::new(AtomicU64::new(0));
     crate::run_progressing(crate::limit(), &done, async {
         let pd = env.ctx.alloc_pd()?;
@@ -115,7 +112,7 @@ fn own_cqs(env: &Env) -> Result<(), Failed> {
 
 /// The adaptive busy-poll mode (spin up to 50 us before arming) on both
 /// ends of 4 pairs: the same checks as the arming waits.
-fn busy_poll(env: &Env) -> Result<(), Failed> {
+fn busy_poll_4_pairs_200_messages_each(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit() * 2, async {
         let pd = env.ctx.alloc_pd()?;
         let mut tasks = Vec::new();

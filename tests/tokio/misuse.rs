@@ -8,36 +8,18 @@ use libtest_mimic::Failed;
 use rdma_verbs::tokio::{AsyncCq, AsyncEvents, SharedCq};
 use rdma_verbs::{AccessFlags, Error, QpInitAttr, QpType, WorkCompletion};
 
-use crate::common::{Env, TestFn};
+use crate::common::{Env, Test};
 
-pub const TESTS: &[(&str, TestFn)] = &[
-    (
-        "misuse::outside_a_runtime_is_a_typed_error",
-        outside_runtime,
-    ),
-    (
-        "misuse::register_refuses_another_cqs_qp_and_a_second_time",
-        register_checks,
-    ),
-    (
-        "misuse::a_second_async_events_is_a_typed_error",
-        events_twice,
-    ),
-    (
-        "misuse::empty_buffers_and_unregistered_qps",
-        empty_and_unrouted,
-    ),
-    (
-        "misuse::waits_after_their_runtime_shut_down_fail_typed",
-        runtime_gone,
-    ),
-    (
-        "misuse::dropped_qp_completions_leave_theirs_for_the_next",
-        dropped_qp_completions_leave_theirs_for_the_next,
-    ),
+pub const TESTS: &[Test] = tests![
+    outside_a_runtime_is_a_typed_error,
+    register_refuses_another_cqs_qp_and_a_second_time,
+    a_second_async_events_is_a_typed_error,
+    empty_buffers_and_unregistered_qps,
+    waits_after_their_runtime_shut_down_fail_typed,
+    dropped_qp_completions_leave_theirs_for_the_next,
 ];
 
-fn outside_runtime(env: &Env) -> Result<(), Failed> {
+fn outside_a_runtime_is_a_typed_error(env: &Env) -> Result<(), Failed> {
     // The other tests of this binary run in parallel and open and close
     // descriptors meanwhile, so the refusals run 50 times: were each to
     // leave a descriptor (a completion channel, the CM channel), the count
@@ -77,7 +59,7 @@ fn outside_runtime(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn register_checks(env: &Env) -> Result<(), Failed> {
+fn register_refuses_another_cqs_qp_and_a_second_time(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let pd = env.ctx.alloc_pd()?;
         let shared = SharedCq::new(&env.ctx, 64)?;
@@ -102,7 +84,7 @@ fn register_checks(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn events_twice(env: &Env) -> Result<(), Failed> {
+fn a_second_async_events_is_a_typed_error(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let first = AsyncEvents::new(&env.ctx)?;
         let e = AsyncEvents::new(&env.ctx).unwrap_err();
@@ -113,7 +95,7 @@ fn events_twice(env: &Env) -> Result<(), Failed> {
     })
 }
 
-fn empty_and_unrouted(env: &Env) -> Result<(), Failed> {
+fn empty_buffers_and_unregistered_qps(env: &Env) -> Result<(), Failed> {
     crate::run_for(crate::limit(), async {
         let mut cq = AsyncCq::new(&env.ctx, 16)?;
         ensure!(
@@ -223,7 +205,7 @@ fn dropped_qp_completions_leave_theirs_for_the_next(env: &Env) -> Result<(), Fai
     })
 }
 
-fn runtime_gone(env: &Env) -> Result<(), Failed> {
+fn waits_after_their_runtime_shut_down_fail_typed(env: &Env) -> Result<(), Failed> {
     // Made on one runtime, which is then shut down: its reactor and the
     // SharedCq's routing task are gone.
     let first = crate::runtime()?;
