@@ -6,9 +6,9 @@
 //! How a name is found: in the source, not by running the binaries. The
 //! `harness = false` binaries name each test by its function's path within
 //! the binary (`tests!` in `tests/common/registry.rs` builds the name from
-//! `module_path!()` and the function), so `arith::counts_at_u32_max_are_refused`
-//! of `adversarial` exists exactly when `tests/adversarial/arith.rs` (the
-//! module `arith` of the binary's root file) defines
+//! `module_path!()` and the function), so `extremes::counts_at_u32_max_are_refused`
+//! of `adversarial` exists exactly when `tests/adversarial/extremes.rs` (the
+//! module `extremes` of the binary's root file) defines
 //! `fn counts_at_u32_max_are_refused` and a `tests![...]` there registers
 //! it. Asking each binary for `--list` instead would need every other test
 //! executable built and found from inside this one (cargo names no test
@@ -62,7 +62,11 @@ fn child(file: &Path, dir: &Path, seg: &str) -> Option<(PathBuf, PathBuf)> {
     let lines: Vec<&str> = text.lines().collect();
     for (i, l) in lines.iter().enumerate() {
         if l.trim_start().trim_start_matches("pub ").starts_with(&decl) {
-            for a in lines[..i].iter().rev().take_while(|a| a.trim_start().starts_with("#[")) {
+            for a in lines[..i]
+                .iter()
+                .rev()
+                .take_while(|a| a.trim_start().starts_with("#["))
+            {
                 if let Some(p) = a.trim().strip_prefix("#[path = \"") {
                     let p = file.parent()?.join(p.trim_end_matches("\"]"));
                     let next = p.with_extension("");
@@ -90,7 +94,9 @@ fn target_files(root_file: &Path) -> Vec<PathBuf> {
         root_file.parent().unwrap().to_owned(),
         root_file.with_extension(""),
     ];
-    let flat = root_file.file_name().is_some_and(|n| n != "main.rs" && n != "lib.rs");
+    let flat = root_file
+        .file_name()
+        .is_some_and(|n| n != "main.rs" && n != "lib.rs");
     for dir in dirs.iter().skip(usize::from(flat)) {
         if let Ok(entries) = fs::read_dir(dir) {
             out.extend(
@@ -108,7 +114,10 @@ fn find(root_file: &Path, name: &str) -> Result<(), String> {
     let segs: Vec<&str> = name.split("::").collect();
     let (func, mods) = segs.split_last().ok_or("an empty name")?;
     let (mut file, mut dir) = (root_file.to_owned(), root_file.parent().unwrap().to_owned());
-    if root_file.file_name().is_some_and(|n| n != "main.rs" && n != "lib.rs" && n != "mod.rs") {
+    if root_file
+        .file_name()
+        .is_some_and(|n| n != "main.rs" && n != "lib.rs" && n != "mod.rs")
+    {
         dir = root_file.with_extension("");
         // A single-file target's child modules sit beside it or below it.
         if !dir.exists() {
@@ -124,7 +133,10 @@ fn find(root_file: &Path, name: &str) -> Result<(), String> {
     let at = lines
         .iter()
         .position(|l| {
-            let l = l.trim_start().trim_start_matches("pub ").trim_start_matches("async ");
+            let l = l
+                .trim_start()
+                .trim_start_matches("pub ")
+                .trim_start_matches("async ");
             l.strip_prefix("fn ")
                 .and_then(|r| r.strip_prefix(func))
                 .is_some_and(|r| r.starts_with('(') || r.starts_with('<'))
@@ -148,7 +160,10 @@ fn find(root_file: &Path, name: &str) -> Result<(), String> {
     if registered {
         Ok(())
     } else {
-        Err(format!("`fn {func}` of {} is in no tests![...] table", file.display()))
+        Err(format!(
+            "`fn {func}` of {} is in no tests![...] table",
+            file.display()
+        ))
     }
 }
 
@@ -176,7 +191,9 @@ fn index(text: &str) -> Vec<(String, Vec<(String, String)>, Vec<(String, String)
     for bullet in text.split("\n- **").skip(1) {
         let title = bullet.split("**").next().unwrap_or("").to_owned();
         let part = |label: &str| -> Vec<(String, String)> {
-            let Some((_, rest)) = bullet.split_once(label) else { return Vec::new() };
+            let Some((_, rest)) = bullet.split_once(label) else {
+                return Vec::new();
+            };
             let para = rest.split("\n\n").next().unwrap_or("");
             let para = para.split("*Checked by:*").next().unwrap_or("");
             para.split('`')
@@ -200,10 +217,17 @@ fn every_test_the_promises_name_exists() {
     let text = fs::read_to_string(root().join("src/guide/promises.md")).expect("promises.md");
     let targets = targets();
     let promises = index(&text);
-    assert!(promises.len() >= 10, "only {} promises found", promises.len());
+    assert!(
+        promises.len() >= 10,
+        "only {} promises found",
+        promises.len()
+    );
     let mut missing = Vec::new();
     for (title, attacked, checked) in &promises {
-        assert!(!checked.is_empty(), "the promise {title:?} names no test that checks it");
+        assert!(
+            !checked.is_empty(),
+            "the promise {title:?} names no test that checks it"
+        );
         for (binary, name) in attacked.iter().chain(checked) {
             let found = if binary == "compile_fail" {
                 let case = root().join("tests/compile_fail").join(format!("{name}.rs"));

@@ -80,7 +80,7 @@
 //!   counts). A template dropped while requests from it are outstanding
 //!   hands its source to the QP's pin, and the completion that ends them
 //!   lets go of it at once (the device test
-//!   `by_value::a_template_source_stays_with_the_qp_until_its_requests_end`).
+//!   `templates::a_template_source_stays_with_the_qp_until_its_requests_end`).
 //!   Tried instead: a handle per request (an `Arc` count per post and per completion, about
 //!   15 instructions a round trip, the cost 1331df5 took off the pools),
 //!   and letting go at the next post or template call (which breaks that

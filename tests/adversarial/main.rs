@@ -10,43 +10,45 @@ mod common;
 use common::Need;
 
 mod acks;
-mod arith;
 #[cfg(feature = "cm")]
 mod cm;
 mod cq_ex;
 mod data;
+mod extremes;
 mod gid;
 mod halves;
-mod hardening;
+mod known_state;
 mod mw;
+mod no_hang_no_crash;
 mod owned;
-mod predict;
+mod sure_to_fail;
 mod wire;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend_from_slice(acks::TESTS);
-    tests.extend_from_slice(arith::TESTS);
+    tests.extend_from_slice(extremes::TESTS);
     tests.extend_from_slice(cq_ex::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(gid::TESTS);
     tests.extend_from_slice(mw::TESTS);
     tests.extend_from_slice(owned::TESTS);
-    tests.extend_from_slice(predict::TESTS);
+    tests.extend_from_slice(sure_to_fail::TESTS);
+    tests.extend_from_slice(known_state::TESTS);
     tests.extend_from_slice(halves::TESTS);
-    tests.extend_from_slice(hardening::TESTS);
+    tests.extend_from_slice(no_hang_no_crash::TESTS);
     tests.extend_from_slice(wire::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]
-    tests.extend_from_slice(arith::CM_TESTS);
+    tests.extend_from_slice(extremes::CM_TESTS);
     common::run_needing("adversarial", &tests, NEEDS)
 }
 
 /// What rxe before rdma-core 34 lacks (see `common::Need`).
 const NEEDS: &[(&str, Need)] = &[
     (
-        "arith::sge_len_past_the_chunk_or_u32_is_refused",
+        "extremes::sge_len_past_the_chunk_or_u32_is_refused",
         Need::ExtendedQp,
     ),
     (
@@ -58,7 +60,7 @@ const NEEDS: &[(&str, Need)] = &[
         Need::ExtendedCq,
     ),
     (
-        "hardening::leaked_cq_poll_refuses_not_spins",
+        "no_hang_no_crash::leaked_cq_poll_refuses_not_spins",
         Need::ExtendedCq,
     ),
     (
@@ -82,19 +84,19 @@ const NEEDS: &[(&str, Need)] = &[
         Need::ExtendedQp,
     ),
     (
-        "predict::batch_read_into_region_without_local_write_is_refused",
+        "sure_to_fail::batch_read_into_region_without_local_write_is_refused",
         Need::ExtendedQp,
     ),
     (
-        "hardening::leaked_batch_refuses_sends_not_spins",
+        "no_hang_no_crash::leaked_batch_refuses_sends_not_spins",
         Need::ExtendedQp,
     ),
     (
-        "hardening::window_key_after_reset_cut_a_bind_short",
+        "no_hang_no_crash::window_key_after_reset_cut_a_bind_short",
         Need::ExtendedQp,
     ),
     (
-        "hardening::zz_send_with_inv_of_unbound_window_refused",
+        "no_hang_no_crash::zz_send_with_inv_of_unbound_window_refused",
         Need::ExtendedQp,
     ),
 ];

@@ -1,9 +1,9 @@
 //! The tables of tests the `harness = false` binaries hand libtest-mimic.
 //!
 //! A test's name, the one libtest prints and filters on, is the path of
-//! its function within the binary: `arith::sge_len_past_the_chunk_or_u32_is_refused`
+//! its function within the binary: `extremes::sge_len_past_the_chunk_or_u32_is_refused`
 //! in the `adversarial` binary is the function
-//! `sge_len_past_the_chunk_or_u32_is_refused` of `tests/adversarial/arith.rs`,
+//! `sge_len_past_the_chunk_or_u32_is_refused` of `tests/adversarial/extremes.rs`,
 //! as `cargo test` would print a `#[test]` function. [`tests!`] builds each
 //! entry from the function's path itself (`module_path!()` and
 //! `stringify!`), so the name cannot drift from the function: searching for
@@ -31,7 +31,7 @@ impl<F> Test<F> {
     }
 
     /// The name libtest prints: the function's path without the binary's
-    /// crate name (`arith::counts_at_u32_max_are_refused`; a function of
+    /// crate name (`extremes::counts_at_u32_max_are_refused`; a function of
     /// the binary's root module is its bare name).
     pub fn name(&self) -> &'static str {
         self.path

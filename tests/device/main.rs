@@ -7,7 +7,6 @@ mod common;
 use common::Need;
 
 mod bring_up;
-mod by_value;
 #[cfg(feature = "cm")]
 mod cm;
 #[cfg(feature = "cm")]
@@ -29,6 +28,7 @@ mod owned;
 mod peer_view;
 mod port_cache;
 mod qp;
+mod reclaim_one;
 mod recv_buffers;
 mod recv_model;
 mod registration;
@@ -38,6 +38,7 @@ mod round_trip;
 #[cfg(feature = "cm")]
 mod route;
 mod template_pins;
+mod templates;
 mod wait;
 
 fn main() -> std::process::ExitCode {
@@ -53,7 +54,8 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(peer_view::TESTS);
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(data::TESTS);
-    tests.extend_from_slice(by_value::TESTS);
+    tests.extend_from_slice(reclaim_one::TESTS);
+    tests.extend_from_slice(templates::TESTS);
     tests.extend_from_slice(recv_buffers::TESTS);
     tests.extend_from_slice(round_trip::TESTS);
     tests.extend_from_slice(template_pins::TESTS);

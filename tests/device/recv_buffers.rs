@@ -7,8 +7,8 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, QpType, WcOpcode};
 
-use crate::by_value::caps;
 use crate::common::{pair, poll_n, Env, Test};
+use crate::reclaim_one::caps;
 
 pub const TESTS: &[Test] = tests![
     lend_the_bytes_and_post_again,

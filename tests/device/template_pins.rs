@@ -9,8 +9,8 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, QpType, SharedChunk};
 
-use crate::by_value::caps;
 use crate::common::{pair, poll_n, Env, Test};
+use crate::reclaim_one::caps;
 
 pub const TESTS: &[Test] = tests![
     each_template_posts_its_own_request_on_a_shared_qp,
