@@ -184,13 +184,23 @@ fn table_of(rest: &str) -> &str {
     rest
 }
 
-/// The index: each promise's title, and the `(binary, name)`s of its
-/// *Attacked by* and *Checked by* paragraphs.
-fn index(text: &str) -> Vec<(String, Vec<(String, String)>, Vec<(String, String)>)> {
+/// A test as the index names it: its binary and its name.
+type Named = (String, String);
+
+/// One promise of the index: its title, and the tests of its *Attacked by*
+/// and *Checked by* paragraphs.
+struct Promise {
+    title: String,
+    attacked: Vec<Named>,
+    checked: Vec<Named>,
+}
+
+/// The index: each promise of the guide.
+fn index(text: &str) -> Vec<Promise> {
     let mut out = Vec::new();
     for bullet in text.split("\n- **").skip(1) {
         let title = bullet.split("**").next().unwrap_or("").to_owned();
-        let part = |label: &str| -> Vec<(String, String)> {
+        let part = |label: &str| -> Vec<Named> {
             let Some((_, rest)) = bullet.split_once(label) else {
                 return Vec::new();
             };
@@ -207,7 +217,11 @@ fn index(text: &str) -> Vec<(String, Vec<(String, String)>, Vec<(String, String)
             bullet.contains("*Attacked by:*") && bullet.contains("*Checked by:*"),
             "the promise {title:?} has no *Attacked by:* or no *Checked by:* paragraph"
         );
-        out.push((title, part("*Attacked by:*"), part("*Checked by:*")));
+        out.push(Promise {
+            attacked: part("*Attacked by:*"),
+            checked: part("*Checked by:*"),
+            title,
+        });
     }
     out
 }
@@ -223,7 +237,12 @@ fn every_test_the_promises_name_exists() {
         promises.len()
     );
     let mut missing = Vec::new();
-    for (title, attacked, checked) in &promises {
+    for Promise {
+        title,
+        attacked,
+        checked,
+    } in &promises
+    {
         assert!(
             !checked.is_empty(),
             "the promise {title:?} names no test that checks it"
