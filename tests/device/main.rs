@@ -21,6 +21,7 @@ mod explain;
 mod halves_model;
 mod in_use;
 mod modify;
+mod modify_values;
 mod mw;
 mod objects;
 mod odp;
@@ -53,6 +54,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(remote::TESTS);
     tests.extend_from_slice(peer_view::TESTS);
     tests.extend_from_slice(modify::TESTS);
+    tests.extend_from_slice(modify_values::TESTS);
     tests.extend_from_slice(data::TESTS);
     tests.extend_from_slice(reclaim_one::TESTS);
     tests.extend_from_slice(templates::TESTS);
