@@ -7,6 +7,7 @@ mod common;
 use common::Need;
 
 mod bring_up;
+mod chunks_back;
 #[cfg(feature = "cm")]
 mod cm;
 #[cfg(feature = "cm")]
@@ -56,6 +57,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(modify::TESTS);
     tests.extend_from_slice(modify_values::TESTS);
     tests.extend_from_slice(data::TESTS);
+    tests.extend_from_slice(chunks_back::TESTS);
     tests.extend_from_slice(reclaim_one::TESTS);
     tests.extend_from_slice(templates::TESTS);
     tests.extend_from_slice(recv_buffers::TESTS);
