@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use libtest_mimic::Failed;
 use rdma_verbs::cm::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
-use rdma_verbs::qp::{QKey, QpNum, RecvWr, SendOp, SendOpsFlags, SendWr};
+use rdma_verbs::qp::{QpNum, RecvWr, SendOp, SendOpsFlags, SendWr};
 use rdma_verbs::{
     AccessFlags, CompletionQueue, Context, Error, ProtectionDomain, QpInitAttr, QpState, QpType,
     QueuePair,
@@ -21,19 +21,13 @@ pub const TESTS: &[Test] = tests![
     reject_with_private_data,
     connect_to_a_port_nobody_listens_on,
     unreachable_address_times_out,
-    own_qps_moved_with_init_qp_attr,
-    uc_own_qps_on_a_tcp_id,
-    ud_connect_and_datagram,
-    ud_connect_to_nobody_is_unreachable,
-    multicast_join_send_leave,
     checks_before_any_call,
     held_event_keeps_its_id,
     untaken_request_is_rejected,
     non_blocking_reads,
-    extended_cm_qps_post_batches,
 ];
 
-fn t() -> Duration {
+pub(crate) fn t() -> Duration {
     deadline()
 }
 
@@ -63,14 +57,14 @@ pub fn resolved(ch: &EventChannel, to: SocketAddr, ps: PortSpace) -> Result<CmId
 
 /// A listener on its own channel, and a client id with its route resolved
 /// to it on another.
-struct Setup {
-    sch: EventChannel,
-    cch: EventChannel,
-    listener: CmId,
-    client: CmId,
+pub(crate) struct Setup {
+    pub(crate) sch: EventChannel,
+    pub(crate) cch: EventChannel,
+    pub(crate) listener: CmId,
+    pub(crate) client: CmId,
 }
 
-fn setup(env: &Env, ps: PortSpace) -> Result<Setup, Failed> {
+pub(crate) fn setup(env: &Env, ps: PortSpace) -> Result<Setup, Failed> {
     let ip = cm_addr(env)?;
     let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
     let (listener, addr) = listener(&sch, ip, ps)?;
@@ -93,14 +87,18 @@ fn requested(env: &Env) -> Result<(Setup, Side, CmEvent), Failed> {
     Ok((k, c, req))
 }
 
-fn expect_for(ch: &EventChannel, kind: CmEventKind, id: &CmId) -> Result<CmEvent, Failed> {
+pub(crate) fn expect_for(
+    ch: &EventChannel,
+    kind: CmEventKind,
+    id: &CmId,
+) -> Result<CmEvent, Failed> {
     let ev = ch.expect(kind, t())?;
     ensure!(ev.is_for(id), "{kind} for another id");
     Ok(ev)
 }
 
 /// The QP's known state equals what the device says.
-fn state_is(qp: &QueuePair, want: QpState, when: &str) -> Result<(), Failed> {
+pub(crate) fn state_is(qp: &QueuePair, want: QpState, when: &str) -> Result<(), Failed> {
     let device = qp.query_state()?;
     ensure!(
         qp.state() == want && device == want,
@@ -112,13 +110,13 @@ fn state_is(qp: &QueuePair, want: QpState, when: &str) -> Result<(), Failed> {
     Ok(())
 }
 
-struct Side {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
+pub(crate) struct Side {
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) qp: QueuePair,
 }
 
-fn cm_qp(id: &CmId, t: QpType) -> Result<Side, Failed> {
+pub(crate) fn cm_qp(id: &CmId, t: QpType) -> Result<Side, Failed> {
     cm_qp_ops(id, t, None)
 }
 
@@ -140,7 +138,7 @@ fn cm_qp_ops(id: &CmId, t: QpType, ops: Option<SendOpsFlags>) -> Result<Side, Fa
 }
 
 /// A QP of the program's own (not the CM's) on `ctx`.
-fn own_qp(ctx: &Context, t: QpType) -> Result<Side, Failed> {
+pub(crate) fn own_qp(ctx: &Context, t: QpType) -> Result<Side, Failed> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(64)?;
     let qp = pd.create_qp(&QpInitAttr::new(t, &cq, &cq))?;
@@ -149,14 +147,14 @@ fn own_qp(ctx: &Context, t: QpType) -> Result<Side, Failed> {
 
 /// Client and server connected through the CM with CM QPs; returns
 /// (server channel, client channel, listener, server id, client id, sides).
-struct Conn {
-    sch: EventChannel,
-    cch: EventChannel,
-    _listener: CmId,
-    server: CmId,
-    client: CmId,
-    s: Side,
-    c: Side,
+pub(crate) struct Conn {
+    pub(crate) sch: EventChannel,
+    pub(crate) cch: EventChannel,
+    pub(crate) _listener: CmId,
+    pub(crate) server: CmId,
+    pub(crate) client: CmId,
+    pub(crate) s: Side,
+    pub(crate) c: Side,
 }
 
 fn connected(env: &Env) -> Result<Conn, Failed> {
@@ -164,7 +162,7 @@ fn connected(env: &Env) -> Result<Conn, Failed> {
 }
 
 /// [`connected`], the QPs extended with `ops` if given.
-fn connected_ops(env: &Env, ops: Option<SendOpsFlags>) -> Result<Conn, Failed> {
+pub(crate) fn connected_ops(env: &Env, ops: Option<SendOpsFlags>) -> Result<Conn, Failed> {
     let Setup {
         sch,
         cch,
@@ -219,7 +217,7 @@ fn connected_ops(env: &Env, ops: Option<SendOpsFlags>) -> Result<Conn, Failed> {
 }
 
 /// One message from `from` to `to` through the connection.
-fn ping(from: &mut Side, to: &mut Side, msg: &[u8]) -> Result<(), Failed> {
+pub(crate) fn ping(from: &mut Side, to: &mut Side, msg: &[u8]) -> Result<(), Failed> {
     let mut bufs = from.pd.alloc_chunks(1, 256, AccessFlags::LOCAL_WRITE)?;
     let mut out = bufs.pop().ok_or("no chunk")?;
     out.as_mut_slice()[..msg.len()].copy_from_slice(msg);
@@ -383,274 +381,6 @@ fn unreachable_address_times_out(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-fn own_qps_moved_with_init_qp_attr(env: &Env) -> Result<(), Failed> {
-    let Setup {
-        sch,
-        cch,
-        listener,
-        client,
-    } = setup(env, PortSpace::Tcp)?;
-    let cctx = client.context()?;
-    let mut c = own_qp(&cctx, QpType::Rc)?;
-    c.qp.modify(&client.init_qp_attr(QpState::Init)?)?;
-    state_is(&c.qp, QpState::Init, "own client QP")?;
-    // The CM has no RTR attributes before the connection exists.
-    ensure!(
-        client.connect(&ConnParam::new()).is_err(),
-        "connect without a QP accepted"
-    );
-    client.connect(&ConnParam::new().qp_num(c.qp.qp_num()))?;
-    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
-    let server = req.take_request().ok_or("no new id")?;
-    drop(req);
-    let mut s = own_qp(&server.context()?, QpType::Rc)?;
-    for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
-        let attr = server.init_qp_attr(st)?;
-        s.qp.modify(&attr)?;
-        state_is(&s.qp, st, "own server QP")?;
-    }
-    server.accept(&ConnParam::new().qp_num(s.qp.qp_num()))?;
-    let ev = expect_for(&cch, CmEventKind::ConnectResponse, &client)?;
-    let info = ev.conn_info().ok_or("no parameters in the response")?;
-    ensure!(
-        info.qp_num == s.qp.qp_num(),
-        "response names QP {:#x}",
-        info.qp_num
-    );
-    drop(ev);
-    for st in [QpState::Rtr, QpState::Rts] {
-        c.qp.modify(&client.init_qp_attr(st)?)?;
-        state_is(&c.qp, st, "own client QP")?;
-    }
-    client.establish()?;
-    expect_for(&sch, CmEventKind::Established, &server)?;
-    ping(&mut c, &mut s, b"own QPs")?;
-    // An id without a CM QP: the CM leaves the QP alone on disconnect.
-    client.disconnect()?;
-    state_is(&c.qp, QpState::Rts, "own client QP after rdma_disconnect")?;
-    expect_for(&sch, CmEventKind::Disconnected, &server)?;
-    Ok(())
-}
-
-fn uc_own_qps_on_a_tcp_id(env: &Env) -> Result<(), Failed> {
-    let Setup {
-        sch,
-        cch,
-        listener,
-        client,
-    } = setup(env, PortSpace::Tcp)?;
-    let mut c = own_qp(&client.context()?, QpType::Uc)?;
-    // The CM's RC attributes as they are: the validator names what UC refuses.
-    let init = client.init_qp_attr(QpState::Init)?;
-    c.qp.modify(&init)?;
-    let e = c.qp.modify(&client.init_qp_attr(QpState::Rtr)?);
-    ensure!(
-        e.is_err(),
-        "UC RTR with the CM's RC attributes accepted before connecting"
-    );
-    client.connect(&ConnParam::new().qp_num(c.qp.qp_num()))?;
-    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
-    let server = req.take_request().ok_or("no new id")?;
-    drop(req);
-    let mut s = own_qp(&server.context()?, QpType::Uc)?;
-    let rtr = server.init_qp_attr(QpState::Rtr)?;
-    s.qp.modify(&server.init_qp_attr_for(&s.qp, QpState::Init)?)?;
-    let refused = s.qp.modify(&rtr).unwrap_err().to_string();
-    ensure!(
-        refused.contains("UC INIT->RTR") && refused.contains("IBV_QP_MAX_DEST_RD_ATOMIC"),
-        "{refused}"
-    );
-    for st in [QpState::Rtr, QpState::Rts] {
-        s.qp.modify(&server.init_qp_attr_for(&s.qp, st)?)?;
-        state_is(&s.qp, st, "own UC server QP")?;
-    }
-    server.accept(&ConnParam::new().qp_num(s.qp.qp_num()))?;
-    expect_for(&cch, CmEventKind::ConnectResponse, &client)?;
-    for st in [QpState::Rtr, QpState::Rts] {
-        c.qp.modify(&client.init_qp_attr_for(&c.qp, st)?)?;
-        state_is(&c.qp, st, "own UC client QP")?;
-    }
-    client.establish()?;
-    expect_for(&sch, CmEventKind::Established, &server)?;
-    ping(&mut c, &mut s, b"UC over the CM")?;
-    ping(&mut s, &mut c, b"and back")?;
-    Ok(())
-}
-
-fn ud_connect_and_datagram(env: &Env) -> Result<(), Failed> {
-    let Setup {
-        sch,
-        cch,
-        listener,
-        client,
-    } = setup(env, PortSpace::Udp)?;
-    let mut c = cm_qp(&client, QpType::Ud)?;
-    state_is(&c.qp, QpState::Rts, "UD client QP after rdma_create_qp")?;
-    ensure!(
-        client
-            .create_qp(&c.pd, &QpInitAttr::new(QpType::Ud, &c.cq, &c.cq))
-            .is_err(),
-        "a second QP on one id accepted"
-    );
-    client.connect(&ConnParam::new().private_data(&[1u8; 180]))?;
-    let mut req = expect_for(&sch, CmEventKind::ConnectRequest, &listener)?;
-    ensure!(
-        req.private_data().starts_with(&[1u8; 180]),
-        "SIDR private data"
-    );
-    let peer = req.ud_info().ok_or("no UD parameters in the request")?;
-    let server = req.take_request().ok_or("no new id")?;
-    drop(req);
-    let mut s = cm_qp(&server, QpType::Ud)?;
-    server.accept(&ConnParam::new())?;
-    let ev = expect_for(&cch, CmEventKind::Established, &client)?;
-    let ud = ev.ud_info().ok_or("no UD parameters")?;
-    ensure!(
-        ud.qp_num == s.qp.qp_num(),
-        "peer QP {:#x} != {:#x}",
-        ud.qp_num,
-        s.qp.qp_num()
-    );
-    ensure!(ud.qkey == rdma_verbs::cm::UDP_QKEY, "qkey {:#x}", ud.qkey);
-    let _ = peer;
-    // One datagram client -> server.
-    let ah = c.pd.create_ah(&ud.av)?;
-    let inb = s.pd.alloc_chunks(1, 256 + 40, AccessFlags::LOCAL_WRITE)?;
-    s.qp.post_recv(inb.into_iter().map(|b| RecvWr::new(1).sge(b)))?;
-    let mut out =
-        c.pd.alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
-            .pop()
-            .ok_or("no chunk")?;
-    out.as_mut_slice()[..8].copy_from_slice(b"datagram");
-    c.qp.post_send([SendWr::new(3, SendOp::Send)
-        .ud(&ah, ud.qp_num, QKey(ud.qkey))
-        .sge_len(out, 8)])?;
-    let wc = poll_n(&s.cq, 1)?.pop().ok_or("no receive")?;
-    ensure!(wc.is_success() && wc.byte_len() == 48, "receive {wc:?}");
-    let mut got = Vec::new();
-    s.qp.reclaim(&wc, |d| got.extend(d.chunks()));
-    let inbox = got.pop().ok_or("no receive buffer back")?;
-    ensure!(
-        &inbox.as_slice()[40..48] == b"datagram",
-        "got {:?}",
-        &inbox.as_slice()[..48]
-    );
-    let sent = poll_n(&c.cq, 1)?.pop().ok_or("no send completion")?;
-    c.qp.reclaim(&sent, |d| drop(d.into_chunk()));
-    // The server answers the sender found in the GRH (ibv_init_ah_from_wc),
-    // without the CM's help.
-    let ctx = server.context()?;
-    let short = ctx.reply_av(server.port_num(), &wc, &inbox.as_slice()[..39]);
-    ensure!(
-        matches!(short, Err(Error::InvalidArgument { .. })),
-        "a 39-byte GRH: {short:?}"
-    );
-    let back =
-        s.pd.create_ah_from_wc(server.port_num(), &wc, inbox.as_slice())?;
-    let inb = c.pd.alloc_chunks(1, 256 + 40, AccessFlags::LOCAL_WRITE)?;
-    c.qp.post_recv(inb.into_iter().map(|b| RecvWr::new(4).sge(b)))?;
-    let mut reply = inbox;
-    reply.as_mut_slice()[..5].copy_from_slice(b"reply");
-    s.qp.post_send([SendWr::new(5, SendOp::Send)
-        .ud(&back, wc.src_qp(), QKey(ud.qkey))
-        .sge_len(reply, 5)])?;
-    let wc = poll_n(&c.cq, 1)?.pop().ok_or("no reply")?;
-    ensure!(wc.is_success() && wc.byte_len() == 45, "reply {wc:?}");
-    let mut got = Vec::new();
-    c.qp.reclaim(&wc, |d| {
-        got.extend(d.chunks().map(|c| c.as_slice()[40..45].to_vec()))
-    });
-    ensure!(got == vec![b"reply".to_vec()], "got {got:?}");
-    Ok(())
-}
-
-fn ud_connect_to_nobody_is_unreachable(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
-    // A UDP port that was listened on and is free again.
-    let (l, addr) = listener(&sch, ip, PortSpace::Udp)?;
-    l.close()?;
-    let client = resolved(&cch, addr, PortSpace::Udp)?;
-    let c = cm_qp(&client, QpType::Ud)?;
-    client.connect(&ConnParam::new())?;
-    // The SIDR request finds no service: an UNREACHABLE event whose status
-    // is the SIDR reply's status (1: no such service id).
-    let err = cch.expect(CmEventKind::Established, t()).unwrap_err();
-    match &err {
-        Error::CmEvent { got, status, .. } => {
-            ensure!(*got == "RDMA_CM_EVENT_UNREACHABLE", "{err}");
-            ensure!(*status != 0, "status 0 in {err}");
-            let m = err.to_string();
-            ensure!(
-                m.contains("IB_SIDR_UNSUPPORTED: nobody is listening"),
-                "{m}"
-            );
-        }
-        other => return Err(format!("expected UNREACHABLE, got {other}").into()),
-    }
-    eprintln!("cm: SIDR to {addr} without listener: {err}");
-    // A UD QP is not moved by the CM's failure: still RTS.
-    state_is(&c.qp, QpState::Rts, "UD client QP after UNREACHABLE")?;
-    Ok(())
-}
-
-fn multicast_join_send_leave(env: &Env) -> Result<(), Failed> {
-    let ip = cm_addr(env)?;
-    let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
-    let ch = EventChannel::new()?;
-    let id = ch.create_id(PortSpace::Udp)?;
-    id.bind(SocketAddr::new(ip, 0))?;
-    let mut side = cm_qp(&id, QpType::Ud)?;
-    id.join_multicast(group)?;
-    ensure!(id.join_multicast(group).is_err(), "joined {group} twice");
-    let ev = expect_for(&ch, CmEventKind::MulticastJoin, &id)?;
-    let ud = ev.ud_info().ok_or("no UD parameters in the join")?;
-    ensure!(
-        ev.private_data().is_empty(),
-        "multicast_join_send_leave event shows its context as data"
-    );
-    // Leaving while the join event is held would hang in librdmacm: refused.
-    ensure!(
-        matches!(
-            id.leave_multicast(group),
-            Err(Error::InvalidArgument { .. })
-        ),
-        "leave accepted while the join event is held"
-    );
-    drop(ev);
-    // The QP is attached: a datagram to the group comes back to it.
-    let ah = side.pd.create_ah(&ud.av)?;
-    let inb = side
-        .pd
-        .alloc_chunks(1, 256 + 40, AccessFlags::LOCAL_WRITE)?;
-    side.qp
-        .post_recv(inb.into_iter().map(|b| RecvWr::new(1).sge(b)))?;
-    let mut out = side
-        .pd
-        .alloc_chunks(1, 64, AccessFlags::LOCAL_WRITE)?
-        .pop()
-        .ok_or("no chunk")?;
-    out.as_mut_slice()[..5].copy_from_slice(b"group");
-    side.qp.post_send([SendWr::new(2, SendOp::Send)
-        .ud(&ah, ud.qp_num, QKey(ud.qkey))
-        .sge_len(out, 5)])?;
-    let wcs = poll_n(&side.cq, 2)?;
-    ensure!(wcs.iter().all(|w| w.is_success()), "{wcs:?}");
-    for wc in &wcs {
-        side.qp.reclaim(wc, |d| drop(d.into_chunk()));
-    }
-    id.leave_multicast(group)?;
-    ensure!(id.leave_multicast(group).is_err(), "left {group} twice");
-    // A group still joined when the id goes is left by the id's drop (with
-    // the QP detached first), before the QP is destroyed.
-    let other: SocketAddr = "239.1.2.4:0".parse().unwrap();
-    id.join_multicast(other)?;
-    drop(expect_for(&ch, CmEventKind::MulticastJoin, &id)?);
-    drop(id);
-    drop(side);
-    Ok(())
-}
-
 fn checks_before_any_call(env: &Env) -> Result<(), Failed> {
     let ip = cm_addr(env)?;
     let (sch, cch) = (EventChannel::new()?, EventChannel::new()?);
@@ -802,80 +532,8 @@ fn non_blocking_reads(env: &Env) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Extended CM QPs (`rdma_create_qp_ex` with send_ops): the CM moves them
-/// as it moves basic ones, and they post through `ibv_wr_*` batches and
-/// `post_send` alike. An operation RC cannot post is refused before any
-/// call, leaving the id without a QP.
-fn extended_cm_qps_post_batches(env: &Env) -> Result<(), Failed> {
-    // Refused before any call: TSO (not offered) on a TCP id's RC QP, and
-    // an RDMA read on a UDP id's UD QP.
-    let k = setup(env, PortSpace::Tcp)?;
-    let ctx = k.client.context()?;
-    let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(8)?);
-    let bad = QpInitAttr::new(QpType::Rc, &cq, &cq).send_ops(SendOpsFlags::TSO);
-    let e = k
-        .client
-        .create_qp(&pd, &bad)
-        .err()
-        .ok_or("TSO send_ops accepted")?;
-    ensure!(
-        matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("rdma_create_qp_ex"),
-        "{e}"
-    );
-    let ud = ch_ud_refusal(env)?;
-    ensure!(ud.contains("UD QPs cannot post"), "{ud}");
-    drop(k);
-
-    let ops = SendOpsFlags::SEND | SendOpsFlags::SEND_WITH_IMM;
-    let mut k = connected_ops(env, Some(ops))?;
-    // A batch of two sends, client to server.
-    let inb = k.s.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
-    k.s.qp
-        .post_recv(inb.into_iter().map(|c| RecvWr::new(1).sge(c)))?;
-    let mut out = k.c.pd.alloc_chunks(2, 64, AccessFlags::LOCAL_WRITE)?;
-    out[0].as_mut_slice()[..5].copy_from_slice(b"first");
-    out[1].as_mut_slice()[..6].copy_from_slice(b"second");
-    let (b, a) = (out.pop().ok_or("chunk")?, out.pop().ok_or("chunk")?);
-    let mut batch = k.c.qp.start_batch()?;
-    batch.post(SendWr::new(10, SendOp::Send).sge_len(a, 5).unsignaled())?;
-    batch.post(SendWr::new(11, SendOp::SendWithImm(0x1234)).sge_len(b, 6))?;
-    batch.complete()?;
-    let wcs = poll_n(&k.s.cq, 2)?;
-    let mut got = Vec::new();
-    for wc in &wcs {
-        ensure!(wc.is_success(), "receive {:?}", wc.status());
-        let len = wc.byte_len() as usize;
-        let imm = wc.imm_data();
-        k.s.qp.reclaim(wc, |d| {
-            got.extend(d.chunks().map(|c| (c.as_slice()[..len].to_vec(), imm)))
-        });
-    }
-    ensure!(
-        got == vec![
-            (b"first".to_vec(), None),
-            (b"second".to_vec(), Some(0x1234))
-        ],
-        "received {got:?}"
-    );
-    let wc = poll_n(&k.c.cq, 1)?.pop().ok_or("no send completion")?;
-    let mut ids = Vec::new();
-    k.c.qp.reclaim(&wc, |d| ids.push(d.wr_id));
-    ensure!(ids == [10, 11], "the batch's completion ended {ids:?}");
-    // The basic path on the same QPs, both ways.
-    ping(&mut k.s, &mut k.c, b"server to client")?;
-    ping(&mut k.c, &mut k.s, b"client to server")?;
-    k.client.disconnect()?;
-    state_is(
-        &k.c.qp,
-        QpState::Err,
-        "extended client QP after rdma_disconnect",
-    )?;
-    expect_for(&k.sch, CmEventKind::Disconnected, &k.server)?;
-    Ok(())
-}
-
 /// The refusal of an RDMA read on a UDP id's extended QP.
-fn ch_ud_refusal(env: &Env) -> Result<String, Failed> {
+pub(crate) fn ch_ud_refusal(env: &Env) -> Result<String, Failed> {
     let ch = EventChannel::new()?;
     let id = ch.create_id(PortSpace::Udp)?;
     id.bind(SocketAddr::new(cm_addr(env)?, 0))?;

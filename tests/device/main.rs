@@ -11,6 +11,10 @@ mod chunks_back;
 #[cfg(feature = "cm")]
 mod cm;
 #[cfg(feature = "cm")]
+mod cm_datagram;
+#[cfg(feature = "cm")]
+mod cm_own_qps;
+#[cfg(feature = "cm")]
 mod cm_user;
 mod context;
 mod cq_ex;
@@ -78,6 +82,10 @@ fn main() -> std::process::ExitCode {
     #[cfg(feature = "cm")]
     tests.extend_from_slice(cm::TESTS);
     #[cfg(feature = "cm")]
+    tests.extend_from_slice(cm_datagram::TESTS);
+    #[cfg(feature = "cm")]
+    tests.extend_from_slice(cm_own_qps::TESTS);
+    #[cfg(feature = "cm")]
     tests.extend_from_slice(cm_user::TESTS);
     #[cfg(feature = "cm")]
     tests.extend_from_slice(route::TESTS);
@@ -133,5 +141,5 @@ const NEEDS: &[(&str, Need)] = &[
         Need::ExtendedCq,
     ),
     #[cfg(feature = "cm")]
-    ("cm::extended_cm_qps_post_batches", Need::ExtendedQp),
+    ("cm_own_qps::extended_cm_qps_post_batches", Need::ExtendedQp),
 ];
