@@ -22,6 +22,7 @@ mod cq_route;
 mod data;
 mod endpoint_cache;
 mod ex;
+mod ex_chunks_back;
 mod explain;
 mod halves_model;
 mod in_use;
@@ -70,6 +71,7 @@ fn main() -> std::process::ExitCode {
     tests.extend_from_slice(halves_model::TESTS);
     tests.extend_from_slice(recv_model::TESTS);
     tests.extend_from_slice(ex::TESTS);
+    tests.extend_from_slice(ex_chunks_back::TESTS);
     tests.extend_from_slice(remote_only::TESTS);
     tests.extend_from_slice(odp::TESTS);
     tests.extend_from_slice(mw::TESTS);
@@ -97,6 +99,7 @@ fn main() -> std::process::ExitCode {
 const NEEDS: &[(&str, Need)] = &[
     ("explain::an_extended_cqs_completion", Need::ExtendedCq),
     ("ex::", Need::ExtendedQp),
+    ("ex_chunks_back::", Need::ExtendedQp),
     ("remote_only::", Need::ExtendedQp),
     ("mw::", Need::MemoryWindows),
     ("mw::", Need::ExtendedQp),
