@@ -5,7 +5,7 @@
 //! `qp_state_table` in Linux `drivers/infiniband/core/verbs.c` (the table
 //! `ib_modify_qp_is_ok` checks, and rxe applies), written as data rather than
 //! code so that a slip in one is caught by the other. Device tests
-//! (`tests/device/modify.rs`) check the same rules against the real kernel.
+//! (`tests/device/modify.rs`, `modify_values.rs`) check the same rules against the real kernel.
 
 use rdma_verbs::qp::{transition_rule, QpAttrMask, QpState, QpType};
 
