@@ -18,7 +18,7 @@
 
 use std::process::ExitCode;
 
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::{Arguments, Failed, Trial};
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
@@ -26,26 +26,34 @@ fn main() -> ExitCode {
     if in_vm {
         eprintln!("compile_fail: SKIPPED in the VM: these tests run rustc; the host's cargo test runs them");
     }
-    let trial = Trial::test("typed_transitions_refuse_wrong_code", || {
-        let rustc = rustc_version()?;
-        let cases = trybuild::TestCases::new();
-        if rustc.starts_with(&format!("rustc {WRITTEN_WITH}.")) {
-            cases.compile_fail("tests/compile_fail/*.rs");
-            drop(cases); // runs them; panics (a failure) on any mismatch
-            return Ok(());
-        }
-        eprintln!("compile_fail: {rustc}, not {WRITTEN_WITH}: each case must fail to compile; its message is not compared");
-        let dir = copies_without_messages()?;
-        // trybuild then records each message instead of comparing it, and
-        // still fails a case that compiles.
-        std::env::set_var("TRYBUILD", "overwrite");
-        cases.compile_fail(dir.join("*.rs"));
-        drop(cases);
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        Ok(())
-    })
+    // Named by its function, as the other binaries' tests are (`tests!`).
+    let trial = Trial::test(
+        stringify!(every_case_fails_to_compile),
+        every_case_fails_to_compile,
+    )
     .with_ignored_flag(in_vm);
     libtest_mimic::run(&args, vec![trial]).exit_code()
+}
+
+/// Every case of `tests/compile_fail/` fails to compile, with the expected
+/// message where the compiler is the one that wrote them.
+fn every_case_fails_to_compile() -> Result<(), Failed> {
+    let rustc = rustc_version()?;
+    let cases = trybuild::TestCases::new();
+    if rustc.starts_with(&format!("rustc {WRITTEN_WITH}.")) {
+        cases.compile_fail("tests/compile_fail/*.rs");
+        drop(cases); // runs them; panics (a failure) on any mismatch
+        return Ok(());
+    }
+    eprintln!("compile_fail: {rustc}, not {WRITTEN_WITH}: each case must fail to compile; its message is not compared");
+    let dir = copies_without_messages()?;
+    // trybuild then records each message instead of comparing it, and
+    // still fails a case that compiles.
+    std::env::set_var("TRYBUILD", "overwrite");
+    cases.compile_fail(dir.join("*.rs"));
+    drop(cases);
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(())
 }
 
 /// The Rust release (`major.minor`) whose messages the `.stderr` files hold.
