@@ -72,6 +72,22 @@ __attribute__((noinline)) static void post_send(int q, unsigned long i)
         die("ibv_post_send");
 }
 
+// Polls cq for up to 16 completions into wc; exits if the poll or any
+// completion (of a `what`: "send", "receive") failed.
+static int poll_ok(struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
+{
+    int got = ibv_poll_cq(cq, 16, wc);
+    if (got < 0)
+        die("ibv_poll_cq");
+    for (int k = 0; k < got; k++) {
+        if (wc[k].status != IBV_WC_SUCCESS) {
+            fprintf(stderr, "%s failed: %s\n", what, ibv_wc_status_str(wc[k].status));
+            exit(1);
+        }
+    }
+    return got;
+}
+
 static void *send_thread(void *arg)
 {
     unsigned long sent[2] = {0, 0}, done[2] = {0, 0}, total = 0;
@@ -85,14 +101,8 @@ static void *send_thread(void *arg)
                 sent[q]++;
             }
         }
-        int got = ibv_poll_cq(scq, 16, wc);
-        if (got < 0)
-            die("ibv_poll_cq");
+        int got = poll_ok(scq, wc, "send");
         for (int k = 0; k < got; k++) {
-            if (wc[k].status != IBV_WC_SUCCESS) {
-                fprintf(stderr, "send failed: %s\n", ibv_wc_status_str(wc[k].status));
-                exit(1);
-            }
             done[which(wc[k].qp_num)]++;
             total++;
         }
@@ -105,14 +115,8 @@ static void recv_loop(void)
     unsigned long got_all = 0;
     struct ibv_wc wc[16];
     while (got_all < 2 * n) {
-        int got = ibv_poll_cq(rcq, 16, wc);
-        if (got < 0)
-            die("ibv_poll_cq");
+        int got = poll_ok(rcq, wc, "receive");
         for (int k = 0; k < got; k++) {
-            if (wc[k].status != IBV_WC_SUCCESS) {
-                fprintf(stderr, "receive failed: %s\n", ibv_wc_status_str(wc[k].status));
-                exit(1);
-            }
             int q = which(wc[k].qp_num);
             post_recv(q, (int)wc[k].wr_id);
             atomic_fetch_add_explicit(&credits[q], 1, memory_order_release);
