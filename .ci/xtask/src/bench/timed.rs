@@ -1,0 +1,215 @@
+//! The timed parts: rounds of C and Rust runs interleaved, each round's
+//! values and per-round ratios summed up as medians and ranges; the parts
+//! that also count instructions add their rows through [`counted`].
+
+use super::counted::{failed, whole};
+use super::parse::{column, field, first_matching, last_field, sum_matching, usec_per_iter};
+use super::stats::{median, num, per, range, ratio, ratio3, Even};
+use super::tables::{ASYNC, HALVES, PERFTEST, PINGPONG};
+use super::{arg, plan, Out};
+
+/// perftest-style median: the middle value, or the mean of two as `%.4g`.
+fn med(v: &[String]) -> String {
+    median(v, Even::G(4))
+}
+
+/// `xtask bench perftest OUT REPS NAME...`: the first table, a row per
+/// named workload of [`plan::WORKLOADS`] (files `NAME.{c,safe,raw}.ROUND`).
+pub fn perftest(args: &[String]) -> Result<usize, String> {
+    let out = Out::new(args.first().ok_or("usage: xtask bench perftest OUT REPS NAME...")?);
+    let reps: usize = arg(args, 1, "REPS")?;
+    let mut failures = 0;
+    println!("{}", PERFTEST.header());
+    for name in &args[2..] {
+        let w = plan::WORKLOADS.iter().find(|w| w.name == name).ok_or(format!("no workload {name}"))?;
+        let (mut c, mut s, mut r, mut qs, mut qr) = (vec![], vec![], vec![], vec![], vec![]);
+        for i in 1..=reps {
+            let [cv, sv, rv] = ["c", "safe", "raw"].map(|p| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col));
+            let (Some(cv), Some(sv), Some(rv)) = (&cv, &sv, &rv) else {
+                let [cv, sv, rv] = [cv, sv, rv].map(Option::unwrap_or_default);
+                eprintln!("bench: {name} round {i} left out: no result (C '{cv}', safe '{sv}', raw '{rv}')");
+                continue;
+            };
+            let [a, b, d] = [cv, sv, rv].map(|v| num(v).unwrap_or(0.0));
+            qs.push(ratio3(b, a));
+            qr.push(ratio3(d, a));
+            c.push(cv.clone());
+            s.push(sv.clone());
+            r.push(rv.clone());
+        }
+        if c.is_empty() {
+            eprintln!("bench: {name}: no round gave a result");
+            failures += 1;
+        }
+        let row = [name.clone(), w.unit.into(), med(&c), med(&s), med(&r), med(&qs), range(&qs), med(&qr)];
+        println!("{}", PERFTEST.row(&row));
+    }
+    println!("(medians; X/C is the median of the per-round ratios, the range their spread. usec: latency,");
+    println!(" t_typical, lower is better. Mpps, MB/s: rate, higher is better.)");
+    Ok(failures)
+}
+
+/// `xtask bench async OUT REPS SHORT LONG CGREPS`: the async wait against
+/// polling and `-e`: t_typical of `async.{poll,e,async}.ROUND`, the whole
+/// client's count of `cg.{e,async}.send_lat.I` (I up to CGREPS), and the
+/// per-wait counts of `pw.e` and `pw.async`.
+pub fn async_wait(args: &[String]) -> Result<usize, String> {
+    let out = Out::new(args.first().ok_or("usage: xtask bench async OUT REPS SHORT LONG CGREPS")?);
+    let (reps, short, long, cgreps): (usize, u64, u64, usize) =
+        (arg(args, 1, "REPS")?, arg(args, 2, "SHORT")?, arg(args, 3, "LONG")?, arg(args, 4, "CGREPS")?);
+    let mut failures = 0;
+    let (mut p, mut e, mut a, mut rp, mut re) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 1..=reps {
+        let [pv, ev, av] = ["poll", "e", "async"].map(|m| column(&out.text(&format!("async.{m}.{i}")), "64", 5));
+        let (Some(pv), Some(ev), Some(av)) = (&pv, &ev, &av) else {
+            let [pv, ev, av] = [pv, ev, av].map(Option::unwrap_or_default);
+            eprintln!("bench: async round {i} left out: no result (poll '{pv}', -e '{ev}', async '{av}')");
+            failures += 1;
+            continue;
+        };
+        let [x, y, z] = [pv, ev, av].map(|v| num(v).unwrap_or(0.0));
+        rp.push(ratio3(z, x));
+        re.push(ratio3(z, y));
+        p.push(pv.clone());
+        e.push(ev.clone());
+        a.push(av.clone());
+    }
+    println!("{}", ASYNC.header());
+    let row = ["t_typical usec".into(), med(&p), med(&e), med(&a), med(&rp), range(&rp), med(&re), range(&re)];
+    println!("{}", ASYNC.row(&row));
+    let counts = |m: &str| -> Vec<String> {
+        (1..=cgreps).map(|i| whole(&out, &format!("{m}.send_lat.{i}"), short, long)).collect()
+    };
+    let (ei, ai) = (counts("e"), counts("async"));
+    failures += ei.iter().chain(&ai).map(|v| failed(v)).sum::<usize>();
+    let (ei, ai): (Vec<String>, Vec<String>) =
+        (ei.into_iter().filter(|v| v != "-").collect(), ai.into_iter().filter(|v| v != "-").collect());
+    let (em, am) = (med(&ei), med(&ai));
+    let cells = ["instructions/iter (cg)".into(), "-".into(), em.clone(), am.clone(), format!("async/-e {}", ratio(&am, &em))];
+    println!("{}", ASYNC.row(&cells));
+    println!("   (each of {cgreps} runs: -e {}; async {})", ei.join(" "), ai.join(" "));
+    println!("(usec: medians, ratios the median of the per-round ratios; instructions: the client at {long} less at {short} iterations, median of {cgreps})");
+    per_wait(&out);
+    Ok(failures)
+}
+
+/// The per-wait rows of the async part: the inclusive count of `perf`'s
+/// wait, and of the crate's part of the async one, over the waits (the
+/// empty polls of `perf-result:`), one callgrind run each (`pw.e`, `pw.async`).
+fn per_wait(out: &Out) {
+    let one = |label: &str, f: &str| {
+        let name = format!("pw.{label}");
+        let waits = last_field(&out.text(&name), "perf-result:", "empty_polls").and_then(|v| num(&v)).unwrap_or(0.0);
+        per(first_matching(&out.annotated(&name), f).unwrap_or(0) as f64, waits)
+    };
+    let wait = ":perf::setup::Conn::wait_event ";
+    let (pe, pa) = (one("e", wait), one("async", wait));
+    let pc = one("async", ":rdma_verbs::tokio::cq::Waiter::poll_fill ");
+    let cells = ["instructions/wait (cg)".into(), "-".into(), pe, pa, format!("crate's part of async: {pc}")];
+    println!("{}", ASYNC.row(&cells));
+    println!("   (a wait: -e's ibv_get_cq_event, ack and re-arm; async's block_on(AsyncCq::ready()), of which the crate's");
+    println!("    poll_fill (polls, arm, event read) is the part named; the rest is tokio's runtime entry and reactor)");
+}
+
+/// `xtask bench pingpong OUT REPS SHORT LONG`: rc_pingpong against
+/// ibv_rc_pingpong: usec/iter of `pp.{c,rust}.ROUND`, then the whole
+/// client's counts `cg.{c,rust}.pingpong` and `cg.{c,rust}.pingpong.eSIZE`.
+pub fn pingpong(args: &[String]) -> Result<usize, String> {
+    let out = Out::new(args.first().ok_or("usage: xtask bench pingpong OUT REPS SHORT LONG")?);
+    let (reps, short, long): (usize, u64, u64) = (arg(args, 1, "REPS")?, arg(args, 2, "SHORT")?, arg(args, 3, "LONG")?);
+    let mut failures = 0;
+    let (mut c, mut r, mut q) = (vec![], vec![], vec![]);
+    for i in 1..=reps {
+        match (usec_per_iter(&out.text(&format!("pp.c.{i}"))), usec_per_iter(&out.text(&format!("pp.rust.{i}")))) {
+            (Some(a), Some(b)) => {
+                q.push(ratio3(num(&b).unwrap_or(0.0), num(&a).unwrap_or(0.0)));
+                c.push(a);
+                r.push(b);
+            }
+            _ => {
+                eprintln!("bench: pingpong round {i} left out");
+                failures += 1;
+            }
+        }
+    }
+    println!("{}", PINGPONG.header());
+    println!("{}", PINGPONG.row(&["client usec/iter".into(), med(&c), med(&r), med(&q), range(&q)]));
+    let mut counts = |label: String, suffix: &str| {
+        let [ci, ri] = ["c", "rust"].map(|p| whole(&out, &format!("{p}.pingpong{suffix}"), short, long));
+        failures += failed(&ci) + failed(&ri);
+        println!("{}", PINGPONG.row(&[label, ci.clone(), ri.clone(), ratio(&ri, &ci)]));
+    };
+    counts("instructions/iter (cg)".into(), "");
+    for sz in plan::PINGPONG_E_SIZES {
+        counts(format!("instr/iter -e -s {sz} (cg)"), &format!(".e{sz}"));
+    }
+    println!("(usec: medians, Rust/C the median of the per-round ratios; instructions: the client at {long} less at {short} iterations)");
+    Ok(failures)
+}
+
+/// `xtask bench halves OUT REPS N`: two threads on one QP pair: usec per
+/// message of `halves.{c,halves,mutex}.ROUND`, and instructions per
+/// message of the data path's functions in `halves.{c,halves,mutex}.cg`
+/// (runs of N messages each way).
+pub fn halves(args: &[String]) -> Result<usize, String> {
+    let out = Out::new(args.first().ok_or("usage: xtask bench halves OUT REPS N")?);
+    let (reps, n): (usize, f64) = (arg(args, 1, "REPS")?, arg(args, 2, "N")?);
+    let us = |t: &str| -> Option<String> {
+        let l = t.lines().find(|l| field(l, "messages").is_some() && field(l, "seconds").is_some())?;
+        let (m, s) = (num(field(l, "messages")?)?, num(field(l, "seconds")?)?);
+        (m > 0.0).then(|| format!("{:.3}", s * 1e6 / m))
+    };
+    let mut failures = 0;
+    let mut v: [Vec<String>; 3] = Default::default();
+    let (mut rh, mut rm, mut rmh) = (vec![], vec![], vec![]);
+    for i in 1..=reps {
+        let texts = ["c", "halves", "mutex"].map(|p| out.text(&format!("halves.{p}.{i}")));
+        let [Some(c), Some(h), Some(m)] = texts.clone().map(|t| us(&t)) else {
+            print!("{}", texts.concat());
+            eprintln!("bench: halves round {i} left out (a run failed)");
+            failures += 1;
+            continue;
+        };
+        rh.push(ratio(&h, &c));
+        rm.push(ratio(&m, &c));
+        rmh.push(ratio(&m, &h));
+        for (k, x) in [c, h, m].into_iter().enumerate() {
+            v[k].push(x);
+        }
+    }
+    let instr = |label: &str, fns: &[&str]| per(sum_matching(&out.annotated(&format!("halves.{label}")), fns) as f64, 2.0 * n);
+    let rust = [" as perf_halves::Queues>::send ", " as perf_halves::Queues>::sent ", " as perf_halves::Queues>::repost "];
+    let [ic, ih, im] = [instr("c", &[":post_send ", ":post_recv "]), instr("halves", &rust), instr("mutex", &rust)];
+    failures += failed(&ic) + failed(&ih) + failed(&im);
+    println!("{}", HALVES.header());
+    println!("{}", HALVES.row(&["C".into(), med(&v[0]), String::new(), String::new(), ic]));
+    println!("{}", HALVES.row(&["halves".into(), med(&v[1]), med(&rh), range(&rh), ih]));
+    println!("{}", HALVES.row(&["mutex".into(), med(&v[2]), med(&rm), range(&rm), im]));
+    println!("mutex/halves: median {}, range {}", med(&rmh), range(&rmh));
+    println!("(medians of {reps} rounds; X/C: median of the per-round ratios; instructions: the data path's functions, inclusive, per message)");
+    Ok(failures)
+}
+
+/// `xtask bench register FILE`: huge pages against 4 KiB pages (thp off),
+/// from `perf_reg`'s lines in FILE; prints nothing if either is missing.
+pub fn register(args: &[String]) -> Result<usize, String> {
+    let text = std::fs::read_to_string(args.first().ok_or("usage: xtask bench register FILE")?).unwrap_or_default();
+    if let Some(line) = register_line(&text) {
+        println!("{line}");
+    }
+    Ok(0)
+}
+
+/// The comparison line of `perf_reg`'s output, if it has both kinds.
+fn register_line(text: &str) -> Option<String> {
+    let times = |kind: &str| {
+        let l = text.lines().rev().find(|l| l.contains("reg_ms=") && field(l, "pages") == Some(kind))?;
+        Some((num(field(l, "reg_ms")?)?, num(field(l, "dereg_ms")?)?))
+    };
+    let ((rb, db), (rh, dh)) = (times("normal(thp=never)")?, times("huge")?);
+    (rb > 0.0 && db > 0.0)
+        .then(|| format!("perf_reg: huge against 4 KiB pages: reg_time x{:.3}, dereg_time x{:.3}", rh / rb, dh / db))
+}
+
+#[cfg(test)]
+mod unit;
