@@ -5,7 +5,8 @@
 #
 #   .ci/bench/qp-setup.sh PERF_SETUP_BINARY WORK_DIR
 #
-# e.g. from the host, after `cargo build --release --example perf_setup`:
+# e.g. from the host, after `cargo build --release --example perf_setup` and
+# `cargo build --release --manifest-path .ci/xtask/Cargo.toml` (its lines):
 #   RDMA_VERBS_SKIP_SETUP=1 .ci/vm run -- .ci/bench/qp-setup.sh \
 #       "$CARGO_TARGET_DIR/release/examples/perf_setup" /tmp/qs
 #
@@ -27,6 +28,8 @@
 # RDMA_VERBS_QP_SETUP_N (default 200), RDMA_VERBS_QP_SETUP_ROUNDS (default 3; more on a
 # busy machine), RDMA_VERBS_QP_SETUP_CALLGRIND (default 1). .ci/vm hands every RDMA_VERBS_* variable to the guest.
 # Exits 0 whatever the ratio; non-zero only when something fails to run.
+# This script runs the programs; `xtask bench qp-setup` ($RDMA_VERBS_XTASK)
+# reads their outputs and prints the lines after the rate lines.
 set -euo pipefail
 
 if [ $# -ne 2 ]; then
@@ -46,80 +49,34 @@ mkdir -p "$WORK"
 C="$WORK/qp_setup"
 cc -O2 "$HERE/qp_setup.c" -o "$C" -libverbs
 
-rate() { sed -n 's/.*per_sec=\([0-9.]*\).*/\1/p'; }
+X=${RDMA_VERBS_XTASK:?the xtask binary (.ci/vm builds it)}
 
-ratios=()
+# The rate rounds: each line printed, and kept in WORK/rate.{c,rust}.ROUND.
 [ "$ROUNDS" -gt 0 ] 2>/dev/null || ROUNDS=0
 for round in $(seq 1 "$ROUNDS"); do
-    c_line=$("$C" -d "$DEV" -x "$GIDX" -n "$N")
-    echo "$c_line"
-    r_line=$("$RUST" -d "$DEV" -x "$GIDX" -n "$N")
-    echo "$r_line"
-    c_rate=$(rate <<<"$c_line")
-    r_rate=$(rate <<<"$r_line")
-    [ -n "$c_rate" ] && [ -n "$r_rate" ] || { echo "qp-setup: no rate in round $round" >&2; exit 1; }
-    ratios+=("$(awk -v r="$r_rate" -v c="$c_rate" 'BEGIN { printf "%.3f", (c > 0 ? r / c : 0) }')")
+    "$C" -d "$DEV" -x "$GIDX" -n "$N" | tee "$WORK/rate.c.$round"
+    "$RUST" -d "$DEV" -x "$GIDX" -n "$N" | tee "$WORK/rate.rust.$round"
 done
-[ "$ROUNDS" = 0 ] || printf '%s\n' "${ratios[@]}" | sort -g | awk '
-    { v[NR] = $1 }
-    END {
-        m = (NR % 2) ? v[(NR + 1) / 2] : sprintf("%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2)
-        printf "qp_setup: rust/c rate ratio median=%s (%s..%s)\n", m, v[1], v[NR]
-    }'
 
-# calls FILE: "syscall calls" lines from an `strace -c` summary (total included).
-calls() {
-    awk '$1 ~ /^[0-9.]+$/ && NF >= 5 { print $NF, $4 }' "$1"
-}
-# per_qp NAME PROG...: strace at N=50 and N=100; prints the total per QP,
-# and writes the per-syscall differences to WORK/NAME.per-qp.
-per_qp() {
-    local name=$1; shift
-    strace -f -c -o "$WORK/$name.50" "$@" -n 50 >/dev/null
-    strace -f -c -o "$WORK/$name.100" "$@" -n 100 >/dev/null
-    join -a1 -a2 -e 0 -o 0,1.2,2.2 <(calls "$WORK/$name.50" | sort) <(calls "$WORK/$name.100" | sort) |
-        awk -v name="$name" -v out="$WORK/$name.per-qp" '
-            $1 == "total" { total = ($3 - $2) / 50; next }
-            $3 != $2 { printf "qp_setup:   %s %s %.2f per QP\n", name, $1, ($3 - $2) / 50 > out }
-            END { printf "%.2f\n", total }'
-}
-c_calls=$(per_qp c "$C" -d "$DEV" -x "$GIDX")
-r_calls=$(per_qp rust "$RUST" -d "$DEV" -x "$GIDX")
-echo "qp_setup: kernel calls per QP: c=$c_calls rust=$r_calls"
-cat "$WORK/c.per-qp" "$WORK/rust.per-qp" 2>/dev/null || true
+# Kernel calls: strace at N=50 and N=100 (WORK/{c,rust}.{50,100}).
+for who in c rust; do
+    prog=$C; [ "$who" = c ] || prog=$RUST
+    strace -f -c -o "$WORK/$who.50" "$prog" -d "$DEV" -x "$GIDX" -n 50 >/dev/null
+    strace -f -c -o "$WORK/$who.100" "$prog" -d "$DEV" -x "$GIDX" -n 100 >/dev/null
+done
 
-# User-space instructions per QP, counted by callgrind (the same on a busy
-# or a quiet machine, unlike the rates above): N=250 minus N=50, over 200.
+# User-space instructions, counted by callgrind (the same on a busy or a
+# quiet machine, unlike the rates above): runs at N=50 and N=250, their
+# profiles WORK/{c,rust}.cg.{50,250} and valgrind's logs *.log.
 if [ "${RDMA_VERBS_QP_SETUP_CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null; then
-    collected() { sed -nE 's/^==[0-9]+== Collected : ([0-9]+).*/\1/p' "$1" | tail -n 1; }
-    cg() {  # cg NAME N PROG...: callgrind run, its log WORK/NAME.cg.N.log
-        local name=$1 n=$2; shift 2
-        valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg.$n" "$@" -n "$n" \
-            >/dev/null 2>"$WORK/$name.cg.$n.log"
-    }
-    per_qp_instr() {
-        local name=$1 a b; shift
-        cg "$name" 50 "$@" && cg "$name" 250 "$@" || { echo "-"; return; }
-        a=$(collected "$WORK/$name.cg.50.log"); b=$(collected "$WORK/$name.cg.250.log")
-        [ -n "$a" ] && [ -n "$b" ] || { echo "-"; return; }
-        awk -v a="$a" -v b="$b" 'BEGIN { printf "%.0f\n", (b - a) / 200 }'
-    }
-    c_i=$(per_qp_instr c "$C" -d "$DEV" -x "$GIDX")
-    r_i=$(per_qp_instr rust "$RUST" -d "$DEV" -x "$GIDX")
-    echo "qp_setup: user-space instructions per QP (callgrind): c=$c_i rust=$r_i rust/c=$(awk -v r="$r_i" -v c="$c_i" 'BEGIN { if (r + 0 > 0 && c + 0 > 0) printf "%.2f", r / c; else print "-" }')"
-    # Where the Rust side's go: per function, inclusive instructions of
-    # the N=250 run minus those of the N=50 run, over 200 (start-up cancels).
-    incl() {
-        callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-            awk '$1 ~ /^[0-9,]+$/ { v = $1; gsub(",", "", v); sub(/^ *[0-9,]+ +(\([^)]*\) +)?/, "")
-                                    print v "\t" $0 }' || true
-    }
-    if [ -s "$WORK/rust.cg.50" ] && [ -s "$WORK/rust.cg.250" ]; then
-        incl "$WORK/rust.cg.50" >"$WORK/rust.cg.50.fns"
-        incl "$WORK/rust.cg.250" >"$WORK/rust.cg.250.fns"
-        awk -F'\t' 'NR == FNR { a[$2] = $1; next } { d = ($1 - a[$2]) / 200; if (d >= 40) printf "%8.0f  %s\n", d, substr($2, 1, 140) }' \
-            "$WORK/rust.cg.50.fns" "$WORK/rust.cg.250.fns" | sort -rn >"$WORK/rust.cg.fns" || true
-        echo "qp_setup: Rust functions, inclusive instructions per QP (N=250 minus N=50, over 200; 40 and more):"
-        sed 's/^/qp_setup:   /' "$WORK/rust.cg.fns"
-    fi
+    for who in c rust; do
+        prog=$C; [ "$who" = c ] || prog=$RUST
+        for n in 50 250; do
+            valgrind --tool=callgrind --callgrind-out-file="$WORK/$who.cg.$n" "$prog" -d "$DEV" -x "$GIDX" -n "$n" \
+                >/dev/null 2>"$WORK/$who.cg.$n.log" || mv "$WORK/$who.cg.$n.log" "$WORK/$who.cg.$n.log.failed"
+        done
+    done
 fi
+
+# The ratio, the calls and the instructions per QP (.ci/xtask/src/bench/qps.rs).
+"$X" bench qp-setup "$WORK" "$ROUNDS"

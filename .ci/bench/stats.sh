@@ -1,20 +1,16 @@
-# Sourced by the bench scripts that run inside the VMs (.ci/bench/guest,
-# .ci/bench/ex-guest, .ci/hosts-bench): reading perftest-style result tables
-# and summing up rounds.
+# Sourced by .ci/hosts-bench (inside the VMs): reading perftest-style
+# result tables and summing up rounds, through `xtask bench`
+# ($RDMA_VERBS_XTASK, .ci/xtask/src/bench/: parse.rs and stats.rs), as the
+# bench's own tables do.
 
 # column LOG SIZE COL: field COL of the result line for SIZE (perftest's table
-# layout: #bytes #iterations ...), both for perftest and for ours.
-# A value that is not a plain number (perftest printed "inf" once in the VM,
-# when it could not tell the CPU's clock rate) counts as no result.
-column() {
-    awk -v s="$2" -v c="$3" '$1 == s && NF >= c && $2 ~ /^[0-9]+$/ {
-        if ($c ~ /^[0-9]+(\.[0-9]+)?$/) print $c; exit}' "$1"
-}
+# layout: #bytes #iterations ...), both for perftest and for ours; nothing
+# if that is not a plain number.
+column() { "$RDMA_VERBS_XTASK" bench column "$@"; }
 
 # median of the numbers on stdin ("-" if none); range: "min..max" of them.
-median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) {print "-"; exit}
-    if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-range() { sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {if (NR) printf "%.3g..%.3g\n", lo, hi; else print "-"}'; }
+median() { "$RDMA_VERBS_XTASK" bench median; }
+range() { "$RDMA_VERBS_XTASK" bench range; }
 
 # ratio A B: A/B to three places, 0 when B is not positive.
-ratio3() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f\n", (b > 0) ? a / b : 0}'; }
+ratio3() { "$RDMA_VERBS_XTASK" bench ratio3 "$@"; }

@@ -114,7 +114,8 @@ pub fn qp_setup(args: &[String]) -> Result<usize, String> {
     for l in cl.iter().chain(&rl) {
         println!("{l}");
     }
-    if work.path("c.cg.50.log").exists() {
+    let made = |n: &str| work.path(n).exists() || work.path(&format!("{n}.failed")).exists();
+    if made("c.cg.50.log") || made("rust.cg.50.log") {
         instructions(&work);
     }
     Ok(0)
