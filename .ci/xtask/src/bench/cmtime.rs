@@ -7,9 +7,23 @@ use super::tables::{Table, CMTIME_INTEROP, CMTIME_MIN, CMTIME_TOTAL};
 use super::{arg, Out};
 
 /// The steps of the client's table, in order ("bind addr" is not run).
-const STEPS: &[&str] = &["create_id", "resolve_addr", "resolve_route", "create_qp", "connect", "disconnect", "destroy"];
+const STEPS: &[&str] = &[
+    "create_id",
+    "resolve_addr",
+    "resolve_route",
+    "create_qp",
+    "connect",
+    "disconnect",
+    "destroy",
+];
 /// Connection setup: the steps up to an established connection.
-const SETUP: &[&str] = &["create_id", "resolve_addr", "resolve_route", "create_qp", "connect"];
+const SETUP: &[&str] = &[
+    "create_id",
+    "resolve_addr",
+    "resolve_route",
+    "create_qp",
+    "connect",
+];
 /// Teardown.
 const TEARDOWN: &[&str] = &["disconnect", "destroy"];
 
@@ -23,7 +37,10 @@ type Row = (String, [f64; 4]);
 /// samples prints a min of 1000000000.00 that runs into its neighbour).
 pub fn rows(text: &str) -> Vec<Row> {
     let mut lines = text.lines().skip_while(|l| {
-        l.split_whitespace().collect::<Vec<_>>() != ["step", "total", "ms", "max", "ms", "min", "us", "us", "/", "conn"]
+        l.split_whitespace().collect::<Vec<_>>()
+            != [
+                "step", "total", "ms", "max", "ms", "min", "us", "us", "/", "conn",
+            ]
     });
     lines.next();
     lines
@@ -32,17 +49,31 @@ pub fn rows(text: &str) -> Vec<Row> {
             let name = l[..13].trim_end().replace(' ', "_");
             let f: Vec<&str> = l[15..].split_whitespace().collect();
             let two_places = |v: &&str| {
-                let (i, d) = v.strip_prefix('-').unwrap_or(v).split_once('.').unwrap_or(("", ""));
-                !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) && d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit())
+                let (i, d) = v
+                    .strip_prefix('-')
+                    .unwrap_or(v)
+                    .split_once('.')
+                    .unwrap_or(("", ""));
+                !i.is_empty()
+                    && i.bytes().all(|b| b.is_ascii_digit())
+                    && d.len() == 2
+                    && d.bytes().all(|b| b.is_ascii_digit())
             };
-            (f.len() == 4 && f.iter().all(two_places)).then(|| (name, [0, 1, 2, 3].map(|i| f[i].parse().unwrap_or(0.0))))
+            (f.len() == 4 && f.iter().all(two_places))
+                .then(|| (name, [0, 1, 2, 3].map(|i| f[i].parse().unwrap_or(0.0))))
         })
         .collect()
 }
 
 /// The sum over `steps` of column `col` (0: total ms, 2: min us), "%.2f".
 fn value(rows: &[Row], col: usize, steps: &[&str]) -> String {
-    format!("{:.2}", rows.iter().filter(|(n, _)| steps.contains(&n.as_str())).map(|(_, v)| v[col]).sum::<f64>())
+    format!(
+        "{:.2}",
+        rows.iter()
+            .filter(|(n, _)| steps.contains(&n.as_str()))
+            .map(|(_, v)| v[col])
+            .sum::<f64>()
+    )
 }
 
 /// `xtask bench cmtime-check LOG`: whether a client's output counts (no
@@ -50,14 +81,24 @@ fn value(rows: &[Row], col: usize, steps: &[&str]) -> String {
 pub fn check(args: &[String]) -> Result<usize, String> {
     let log = args.first().ok_or("usage: xtask bench cmtime-check LOG")?;
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("event: ") || l.contains("_ERROR, error: ")).take(3).collect();
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("event: ") || l.contains("_ERROR, error: "))
+        .take(3)
+        .collect();
     if !failed.is_empty() {
-        eprintln!("cmtime-bench: {log}: connections failed:\n{}", failed.join("\n"));
+        eprintln!(
+            "cmtime-bench: {log}: connections failed:\n{}",
+            failed.join("\n")
+        );
         return Ok(1);
     }
     let n = rows(&text).len();
     if n != STEPS.len() {
-        eprintln!("cmtime-bench: {log}: {n} of {} table rows with numbers\n{text}", STEPS.len());
+        eprintln!(
+            "cmtime-bench: {log}: {n} of {} table rows with numbers\n{text}",
+            STEPS.len()
+        );
         return Ok(1);
     }
     Ok(0)
@@ -66,26 +107,44 @@ pub fn check(args: &[String]) -> Result<usize, String> {
 /// `xtask bench cmtime OUT CONNS ROUND...`: the two tables over the good
 /// ROUNDs (`c.ROUND` against `rust.ROUND`), then the interop runs.
 pub fn tables(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench cmtime OUT CONNS ROUND...")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench cmtime OUT CONNS ROUND...")?,
+    );
     let conns: u64 = arg(args, 1, "CONNS")?;
     let good = &args[2..];
-    let runs = |who: &str| -> Vec<Vec<Row>> { good.iter().map(|r| rows(&out.text(&format!("{who}.{r}")))).collect() };
+    let runs = |who: &str| -> Vec<Vec<Row>> {
+        good.iter()
+            .map(|r| rows(&out.text(&format!("{who}.{r}"))))
+            .collect()
+    };
     let (c, r) = (runs("c"), runs("rust"));
     println!();
     println!("== cmtime: total ms for all {conns} connections per step (median of {} rounds; lower is better)", good.len());
     table(&CMTIME_TOTAL, 0, &c, &r);
-    println!("(Rust/C: ratio of the medians; range: the per-round ratios, C and Rust of the same round)");
+    println!(
+        "(Rust/C: ratio of the medians; range: the per-round ratios, C and Rust of the same round)"
+    );
     println!();
     println!("== cmtime: fastest single connection per step, min us (median of {} rounds; lower is better)", good.len());
     table(&CMTIME_MIN, 2, &c, &r);
-    println!("(the table's \"min us\" column: one connection's own time for the step, less subject to");
-    println!(" queueing behind the other connections than the totals; sums of the per-step minimums)");
+    println!(
+        "(the table's \"min us\" column: one connection's own time for the step, less subject to"
+    );
+    println!(
+        " queueing behind the other connections than the totals; sums of the per-step minimums)"
+    );
     println!();
     println!("== cmtime interop (round 1, once each): setup ms, teardown ms");
     for name in ["rust-server.c-client", "c-server.rust-client"] {
         let rows = rows(&out.text(name));
         if rows.len() == STEPS.len() {
-            let cells = [name.into(), "ok".into(), value(&rows, 0, SETUP), value(&rows, 0, TEARDOWN)];
+            let cells = [
+                name.into(),
+                "ok".into(),
+                value(&rows, 0, SETUP),
+                value(&rows, 0, TEARDOWN),
+            ];
             println!("{}", CMTIME_INTEROP.row(&cells));
         } else {
             println!("{}", CMTIME_INTEROP.row(&[name, "FAILED"]));
@@ -99,7 +158,10 @@ pub fn tables(args: &[String]) -> Result<usize, String> {
 /// medians, and the range of the per-round ratios.
 fn table(t: &Table, col: usize, c: &[Vec<Row>], r: &[Vec<Row>]) {
     println!("{}", t.header());
-    let mut lines: Vec<(String, &[&str])> = STEPS.iter().map(|s| (s.replace('_', " "), std::slice::from_ref(s))).collect();
+    let mut lines: Vec<(String, &[&str])> = STEPS
+        .iter()
+        .map(|s| (s.replace('_', " "), std::slice::from_ref(s)))
+        .collect();
     lines.push(("setup (create id..connect)".into(), SETUP));
     lines.push(("teardown (disconnect+destroy)".into(), TEARDOWN));
     lines.push(("all steps".into(), STEPS));
@@ -109,7 +171,10 @@ fn table(t: &Table, col: usize, c: &[Vec<Row>], r: &[Vec<Row>]) {
         let q: Vec<String> = cv.iter().zip(&rv).map(|(a, b)| ratio(b, a)).collect();
         let (cm, rm) = (median(&cv, Even::F(2)), median(&rv, Even::F(2)));
         let span = range_with(&q, |x, _| format!("{x:.2}"));
-        println!("{}", t.row(&[label, cm.clone(), rm.clone(), ratio(&rm, &cm), span]));
+        println!(
+            "{}",
+            t.row(&[label, cm.clone(), rm.clone(), ratio(&rm, &cm), span])
+        );
     }
 }
 

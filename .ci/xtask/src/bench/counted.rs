@@ -23,7 +23,9 @@ pub const DP_FNS: &[&str] = &[
 /// standard error (`who` prefixes the message).
 pub fn per_op(out: &Out, label: &str, who: &str) -> String {
     let name = format!("dp.{label}");
-    let ops: u64 = last_field(&out.text(&name), "perf-result:", "ops").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let ops: u64 = last_field(&out.text(&name), "perf-result:", "ops")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let sum = sum_matching(&out.annotated(&name), DP_FNS);
     let v = per(sum as f64, ops as f64);
     if v == "-" {
@@ -40,7 +42,9 @@ pub fn whole(out: &Out, label: &str, short: u64, long: u64) -> String {
     let a = collected(&out.text(&format!("cg.{label}.short")));
     let b = collected(&out.text(&format!("cg.{label}.long")));
     match (a, b) {
-        (Some(a), Some(b)) if long > short => format!("{:.0}", (b as f64 - a as f64) / (long - short) as f64),
+        (Some(a), Some(b)) if long > short => {
+            format!("{:.0}", (b as f64 - a as f64) / (long - short) as f64)
+        }
         _ => "-".into(),
     }
 }
@@ -59,11 +63,21 @@ pub fn datapath(args: &[String]) -> Result<usize, String> {
     let mut raw = std::collections::BTreeMap::new();
     println!("{}", DATAPATH.header());
     for (test, size, rb) in plan::DATAPATH {
-        let sv = per_op(&out, &format!("safe.{test}{}", if *rb { ".rb" } else { "" }), "bench");
-        let rv = raw.entry(test).or_insert_with(|| per_op(&out, &format!("raw.{test}"), "bench")).clone();
+        let sv = per_op(
+            &out,
+            &format!("safe.{test}{}", if *rb { ".rb" } else { "" }),
+            "bench",
+        );
+        let rv = raw
+            .entry(test)
+            .or_insert_with(|| per_op(&out, &format!("raw.{test}"), "bench"))
+            .clone();
         failures += failed(&sv) + if *rb { 0 } else { failed(&rv) };
         let label = format!("{test} -s {size}{}", if *rb { " (rb)" } else { "" });
-        println!("{}", DATAPATH.row(&[label.as_str(), &sv, &rv, &ratio(&sv, &rv)]));
+        println!(
+            "{}",
+            DATAPATH.row(&[label.as_str(), &sv, &rv, &ratio(&sv, &rv)])
+        );
     }
     Ok(failures)
 }
@@ -71,15 +85,29 @@ pub fn datapath(args: &[String]) -> Result<usize, String> {
 /// `xtask bench whole OUT SHORT LONG`: the whole-client table, a row per
 /// [`plan::WHOLE`] entry (`cg.{c,safe,raw}.TEST.{short,long}`).
 pub fn whole_table(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench whole OUT SHORT LONG")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench whole OUT SHORT LONG")?,
+    );
     let (short, long) = (arg(args, 1, "SHORT")?, arg(args, 2, "LONG")?);
     let mut failures = 0;
     println!("{}", WHOLE.header());
     for (test, size, _) in plan::WHOLE {
-        let [cv, sv, rv] = ["c", "safe", "raw"].map(|p| whole(&out, &format!("{p}.{test}"), short, long));
+        let [cv, sv, rv] =
+            ["c", "safe", "raw"].map(|p| whole(&out, &format!("{p}.{test}"), short, long));
         failures += failed(&cv) + failed(&sv) + failed(&rv);
         let label = format!("{test} -s {size} -e");
-        println!("{}", WHOLE.row(&[label.as_str(), &cv, &sv, &rv, &ratio(&sv, &cv), &ratio(&rv, &cv)]));
+        println!(
+            "{}",
+            WHOLE.row(&[
+                label.as_str(),
+                &cv,
+                &sv,
+                &rv,
+                &ratio(&sv, &cv),
+                &ratio(&rv, &cv)
+            ])
+        );
     }
     Ok(failures)
 }
@@ -90,9 +118,13 @@ pub fn inplace(args: &[String]) -> Result<usize, String> {
     let out = Out::new(args.first().ok_or("usage: xtask bench inplace OUT N")?);
     let n: f64 = arg(args, 1, "N")?;
     let lines = out.annotated("inplace");
-    let [ip, cp] = ["perf_inplace::in_place ", "perf_inplace::copied "].map(|f| per(sum_matching(&lines, &[f]) as f64, n));
+    let [ip, cp] = ["perf_inplace::in_place ", "perf_inplace::copied "]
+        .map(|f| per(sum_matching(&lines, &[f]) as f64, n));
     println!("{}", INPLACE.header());
-    println!("{}", INPLACE.row(&["4096 B, checksum of words", &ip, &cp, &ratio(&ip, &cp)]));
+    println!(
+        "{}",
+        INPLACE.row(&["4096 B, checksum of words", &ip, &cp, &ratio(&ip, &cp)])
+    );
     Ok(failed(&ip) + failed(&cp))
 }
 
@@ -112,7 +144,8 @@ mod unit {
         (dir, out)
     }
 
-    const ANN: &str = " 2,158,000 (4.6%)  path.rs:<perf::path::Safe as perf::path::DataPath>::post [/p]\n\
+    const ANN: &str =
+        " 2,158,000 (4.6%)  path.rs:<perf::path::Safe as perf::path::DataPath>::post [/p]\n\
                        \x20 100 (0.1%)  path.rs:perf::path::Safe::completions [/p]\n";
 
     #[test]

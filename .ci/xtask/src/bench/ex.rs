@@ -16,14 +16,24 @@ pub fn check(args: &[String]) -> Result<usize, String> {
         return Err("usage: xtask bench ex-check LOG PATH".into());
     };
     let text = std::fs::read_to_string(log).unwrap_or_default();
-    let path = text.lines().find_map(|l| l.strip_prefix(" rdma-verbs path : ")).and_then(|p| p.split_whitespace().next());
+    let path = text
+        .lines()
+        .find_map(|l| l.strip_prefix(" rdma-verbs path : "))
+        .and_then(|p| p.split_whitespace().next());
     if path != Some(want.as_str()) {
         eprintln!("ex-bench: {log}: the header does not say path {want}");
         return Ok(1);
     }
     let server = std::fs::read_to_string(format!("{log}.server")).unwrap_or_default();
-    let allocs: Vec<&str> = text.lines().chain(server.lines()).filter(|l| l.contains("heap allocations")).collect();
-    if allocs.iter().any(|l| l.contains("heap allocations in the timed part")) {
+    let allocs: Vec<&str> = text
+        .lines()
+        .chain(server.lines())
+        .filter(|l| l.contains("heap allocations"))
+        .collect();
+    if allocs
+        .iter()
+        .any(|l| l.contains("heap allocations in the timed part"))
+    {
         eprintln!("ex-bench: {log}: {} ", allocs.join(" "));
     }
     Ok(0)
@@ -43,7 +53,10 @@ fn run_line(text: &str, size: &str) -> String {
 /// workload from `TEST_SIZE.{basic,ex}.ROUND` (the first of a round
 /// alternating: basic first in odd rounds), then every run in order.
 pub fn latency(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench ex-latency OUT REPS")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench ex-latency OUT REPS")?,
+    );
     let reps: usize = arg(args, 1, "REPS")?;
     let mut failures = 0;
     let mut runs = vec![];
@@ -52,19 +65,28 @@ pub fn latency(args: &[String]) -> Result<usize, String> {
         let name = format!("{test}_{size}");
         let (mut b, mut x, mut q) = (vec![], vec![], vec![]);
         for i in 1..=reps {
-            let order = if i % 2 == 1 { ["basic", "ex"] } else { ["ex", "basic"] };
+            let order = if i % 2 == 1 {
+                ["basic", "ex"]
+            } else {
+                ["ex", "basic"]
+            };
             let (mut bv, mut xv) = (None, None);
             for p in order {
                 let text = out.text(&format!("{name}.{p}.{i}"));
                 if text.is_empty() {
                     continue;
                 }
-                runs.push(format!("{name:<14} round {i} {p:<5} {}", run_line(&text, size)));
+                runs.push(format!(
+                    "{name:<14} round {i} {p:<5} {}",
+                    run_line(&text, size)
+                ));
                 *(if p == "ex" { &mut xv } else { &mut bv }) = column(&text, size, 5);
             }
             let (Some(bv), Some(xv)) = (&bv, &xv) else {
                 let [bv, xv] = [bv, xv].map(Option::unwrap_or_default);
-                eprintln!("ex-bench: {name} round {i} left out: no result (basic '{bv}', ex '{xv}')");
+                eprintln!(
+                    "ex-bench: {name} round {i} left out: no result (basic '{bv}', ex '{xv}')"
+                );
                 continue;
             };
             q.push(ratio3(num(xv).unwrap_or(0.0), num(bv).unwrap_or(0.0)));
@@ -76,9 +98,14 @@ pub fn latency(args: &[String]) -> Result<usize, String> {
             failures += 1;
         }
         let med = |v: &[String]| median(v, Even::G(4));
-        println!("{}", EX_LATENCY.row(&[name, med(&b), med(&x), med(&q), range(&q)]));
+        println!(
+            "{}",
+            EX_LATENCY.row(&[name, med(&b), med(&x), med(&q), range(&q)])
+        );
     }
-    println!("(usec, t_typical: each run's median half round trip; the columns are the medians over the");
+    println!(
+        "(usec, t_typical: each run's median half round trip; the columns are the medians over the"
+    );
     println!(" rounds, ex/basic the median of the per-round ratios and the range their spread; lower is better)");
     println!("every run, in order (usec):");
     for r in runs {
@@ -98,7 +125,10 @@ pub fn datapath(args: &[String]) -> Result<usize, String> {
         let [bv, xv] = ["basic", "ex"].map(|p| per_op(&out, &format!("{p}.{key}"), "ex-bench"));
         failures += failed(&bv) + failed(&xv);
         let label = format!("{test} -s {size} {more}");
-        println!("{}", EX_DATAPATH.row(&[label.as_str(), &bv, &xv, &ratio(&xv, &bv)]));
+        println!(
+            "{}",
+            EX_DATAPATH.row(&[label.as_str(), &bv, &xv, &ratio(&xv, &bv)])
+        );
     }
     Ok(failures)
 }

@@ -91,7 +91,9 @@ impl Out {
 
     /// The text of `name`, empty if there is none (a run that failed).
     pub fn text(&self, name: &str) -> String {
-        std::fs::read(self.path(name)).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+        std::fs::read(self.path(name))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     }
 
     /// The inclusive counts of callgrind's profile `name.cg`: from
@@ -117,7 +119,8 @@ impl Out {
 /// Parses argument `i` of a subcommand as a number.
 pub fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Result<T, String> {
     let v = args.get(i).ok_or_else(|| format!("missing {what}"))?;
-    v.parse().map_err(|_| format!("{what}: not a number: {v:?}"))
+    v.parse()
+        .map_err(|_| format!("{what}: not a number: {v:?}"))
 }
 
 /// `stats.sh`'s functions for `.ci/hosts-bench`: `column LOG SIZE COL`,
@@ -125,19 +128,29 @@ pub fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Resul
 fn shell_stats(cmd: &str, args: &[String]) -> Result<ExitCode, String> {
     let out = match cmd {
         "column" => {
-            let text = std::fs::read_to_string(args.first().ok_or("missing LOG")?).unwrap_or_default();
+            let text =
+                std::fs::read_to_string(args.first().ok_or("missing LOG")?).unwrap_or_default();
             let size = args.get(1).ok_or("missing SIZE")?;
             match parse::column(&text, size, arg(args, 2, "COL")?) {
                 Some(v) => v,
                 None => return Ok(ExitCode::SUCCESS),
             }
         }
-        "ratio3" => stats::ratio3(arg(args, 0, "A").unwrap_or(0.0), arg(args, 1, "B").unwrap_or(0.0)),
+        "ratio3" => stats::ratio3(
+            arg(args, 0, "A").unwrap_or(0.0),
+            arg(args, 1, "B").unwrap_or(0.0),
+        ),
         _ => {
             let mut input = String::new();
-            std::io::stdin().read_to_string(&mut input).map_err(|e| e.to_string())?;
+            std::io::stdin()
+                .read_to_string(&mut input)
+                .map_err(|e| e.to_string())?;
             let values: Vec<&str> = input.split_whitespace().collect();
-            if cmd == "median" { stats::median(&values, stats::Even::G(4)) } else { stats::range(&values) }
+            if cmd == "median" {
+                stats::median(&values, stats::Even::G(4))
+            } else {
+                stats::range(&values)
+            }
         }
     };
     println!("{out}");

@@ -18,28 +18,38 @@ pub fn is_decimal(s: &str) -> bool {
 /// a count and that has `col` fields. A value that is not a plain number
 /// (perftest printed "inf" once, unable to tell the clock rate) is none.
 pub fn column(text: &str, size: &str, col: usize) -> Option<String> {
-    let line = text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|f| {
-        f.len() >= col.max(2) && f[0] == size && f[1].bytes().all(|b| b.is_ascii_digit())
-    })?;
+    let line = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| {
+            f.len() >= col.max(2) && f[0] == size && f[1].bytes().all(|b| b.is_ascii_digit())
+        })?;
     let v = line[col - 1];
     is_decimal(v).then(|| v.to_string())
 }
 
 /// The value of `key=VALUE` among a line's whitespace-separated words.
 pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// `key`'s value on the last line that starts with `prefix` and has it
 /// (e.g. `perf-result:` and `ops`).
 pub fn last_field(text: &str, prefix: &str, key: &str) -> Option<String> {
-    text.lines().rev().filter(|l| l.starts_with(prefix)).find_map(|l| field(l, key).map(str::to_string))
+    text.lines()
+        .rev()
+        .filter(|l| l.starts_with(prefix))
+        .find_map(|l| field(l, key).map(str::to_string))
 }
 
 /// `key`'s value on the first line that has it, if it is a number
 /// (`qp_scale: ... setup_s=0.9 ...`).
 pub fn first_field(text: &str, key: &str) -> Option<String> {
-    text.lines().find_map(|l| field(l, key)).filter(|v| super::stats::num(v).is_some()).map(str::to_string)
+    text.lines()
+        .find_map(|l| field(l, key))
+        .filter(|v| super::stats::num(v).is_some())
+        .map(str::to_string)
 }
 
 /// The instructions valgrind counted: the last `==PID== Collected : N`.
@@ -84,7 +94,10 @@ pub fn inclusive(text: &str) -> Vec<Incl> {
             if let Some(after) = rest.strip_prefix('(').and_then(|r| r.split_once(')')) {
                 rest = after.1.trim_start();
             }
-            Some(Incl { count, name: rest.to_string() })
+            Some(Incl {
+                count,
+                name: rest.to_string(),
+            })
         })
         .collect()
 }
@@ -93,12 +106,19 @@ pub fn inclusive(text: &str) -> Vec<Incl> {
 /// `needles` (each ends with the space before the object, so that `post `
 /// does not match `post_recvs`).
 pub fn sum_matching(lines: &[Incl], needles: &[&str]) -> u64 {
-    lines.iter().filter(|i| needles.iter().any(|n| i.name.contains(n))).map(|i| i.count).sum()
+    lines
+        .iter()
+        .filter(|i| needles.iter().any(|n| i.name.contains(n)))
+        .map(|i| i.count)
+        .sum()
 }
 
 /// The count of the first line that contains `needle`.
 pub fn first_matching(lines: &[Incl], needle: &str) -> Option<u64> {
-    lines.iter().find(|i| i.name.contains(needle)).map(|i| i.count)
+    lines
+        .iter()
+        .find(|i| i.name.contains(needle))
+        .map(|i| i.count)
 }
 
 /// An `strace -c` summary: calls per system call, "total" included.
@@ -106,7 +126,9 @@ pub fn strace_calls(text: &str) -> BTreeMap<String, u64> {
     text.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            let first_is_number = f.first().is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'.'));
+            let first_is_number = f.first().is_some_and(|v| {
+                !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            });
             if f.len() < 5 || !first_is_number {
                 return None;
             }

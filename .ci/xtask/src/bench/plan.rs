@@ -32,20 +32,100 @@ const fn w(
     col: usize,
     unit: &'static str,
 ) -> Workload {
-    Workload { name, cprog, test, size, iters, col, unit }
+    Workload {
+        name,
+        cprog,
+        test,
+        size,
+        iters,
+        col,
+        unit,
+    }
 }
 
 /// The first table's workloads (`.ci/bench/guest`).
 pub const WORKLOADS: &[Workload] = &[
-    w("send_lat_64", "ib_send_lat", "send_lat", "64", "2000", 5, "usec"),
-    w("write_lat_64", "ib_write_lat", "write_lat", "64", "2000", 5, "usec"),
-    w("read_lat_64", "ib_read_lat", "read_lat", "64", "2000", 5, "usec"),
-    w("atomic_lat", "ib_atomic_lat", "atomic_lat", "8", "2000", 5, "usec"),
-    w("send_bw_64", "ib_send_bw", "send_bw", "64", "20000", 5, "Mpps"),
-    w("write_bw_64", "ib_write_bw", "write_bw", "64", "20000", 5, "Mpps"),
-    w("write_bw_64K", "ib_write_bw", "write_bw", "65536", "2000", 4, "MB/s"),
-    w("read_bw_64K", "ib_read_bw", "read_bw", "65536", "2000", 4, "MB/s"),
-    w("atomic_bw", "ib_atomic_bw", "atomic_bw", "8", "20000", 5, "Mpps"),
+    w(
+        "send_lat_64",
+        "ib_send_lat",
+        "send_lat",
+        "64",
+        "2000",
+        5,
+        "usec",
+    ),
+    w(
+        "write_lat_64",
+        "ib_write_lat",
+        "write_lat",
+        "64",
+        "2000",
+        5,
+        "usec",
+    ),
+    w(
+        "read_lat_64",
+        "ib_read_lat",
+        "read_lat",
+        "64",
+        "2000",
+        5,
+        "usec",
+    ),
+    w(
+        "atomic_lat",
+        "ib_atomic_lat",
+        "atomic_lat",
+        "8",
+        "2000",
+        5,
+        "usec",
+    ),
+    w(
+        "send_bw_64",
+        "ib_send_bw",
+        "send_bw",
+        "64",
+        "20000",
+        5,
+        "Mpps",
+    ),
+    w(
+        "write_bw_64",
+        "ib_write_bw",
+        "write_bw",
+        "64",
+        "20000",
+        5,
+        "Mpps",
+    ),
+    w(
+        "write_bw_64K",
+        "ib_write_bw",
+        "write_bw",
+        "65536",
+        "2000",
+        4,
+        "MB/s",
+    ),
+    w(
+        "read_bw_64K",
+        "ib_read_bw",
+        "read_bw",
+        "65536",
+        "2000",
+        4,
+        "MB/s",
+    ),
+    w(
+        "atomic_bw",
+        "ib_atomic_bw",
+        "atomic_bw",
+        "8",
+        "20000",
+        5,
+        "Mpps",
+    ),
 ];
 
 /// The data-path count's rows: test, size, and whether the safe path
@@ -60,14 +140,26 @@ pub const DATAPATH: &[(&str, &str, bool)] = &[
 ];
 
 /// The whole-client count's rows: `perf`'s test, size, perftest's program.
-pub const WHOLE: &[(&str, &str, &str)] = &[("send_lat", "64", "ib_send_lat"), ("send_bw", "64", "ib_send_bw")];
+pub const WHOLE: &[(&str, &str, &str)] = &[
+    ("send_lat", "64", "ib_send_lat"),
+    ("send_bw", "64", "ib_send_bw"),
+];
 
 /// `.ci/bench/ex-guest`'s latency rows: test, size.
-pub const EX_LATENCY: &[(&str, &str)] = &[("send_lat", "2"), ("send_lat", "64"), ("write_lat", "2"), ("write_lat", "64")];
+pub const EX_LATENCY: &[(&str, &str)] = &[
+    ("send_lat", "2"),
+    ("send_lat", "64"),
+    ("write_lat", "2"),
+    ("write_lat", "64"),
+];
 
 /// `.ci/bench/ex-guest`'s data-path rows: test, size, more options.
-pub const EX_DATAPATH: &[(&str, &str, &str)] =
-    &[("send_lat", "64", ""), ("write_lat", "64", ""), ("write_bw", "64", ""), ("write_bw", "64", "-l 4")];
+pub const EX_DATAPATH: &[(&str, &str, &str)] = &[
+    ("send_lat", "64", ""),
+    ("write_lat", "64", ""),
+    ("write_bw", "64", ""),
+    ("write_bw", "64", "-l 4"),
+];
 
 /// The sizes of the pingpong part's `-e` rows.
 pub const PINGPONG_E_SIZES: &[&str] = &["64", "4096"];
@@ -76,17 +168,30 @@ pub const PINGPONG_E_SIZES: &[&str] = &["64", "4096"];
 /// a space (an empty last field left out).
 pub fn list(args: &[String]) -> Result<ExitCode, String> {
     let lines: Vec<String> = match args {
-        [n] if n == "perftest" => {
-            WORKLOADS.iter().map(|w| format!("{} {} {} {} {}", w.name, w.cprog, w.test, w.size, w.iters)).collect()
-        }
-        [n] if n == "datapath" => {
-            DATAPATH.iter().map(|(t, s, rb)| format!("{t} {s}{}", if *rb { " rb" } else { "" })).collect()
-        }
-        [n] if n == "whole" => WHOLE.iter().map(|(t, s, c)| format!("{t} {s} {c}")).collect(),
+        [n] if n == "perftest" => WORKLOADS
+            .iter()
+            .map(|w| format!("{} {} {} {} {}", w.name, w.cprog, w.test, w.size, w.iters))
+            .collect(),
+        [n] if n == "datapath" => DATAPATH
+            .iter()
+            .map(|(t, s, rb)| format!("{t} {s}{}", if *rb { " rb" } else { "" }))
+            .collect(),
+        [n] if n == "whole" => WHOLE
+            .iter()
+            .map(|(t, s, c)| format!("{t} {s} {c}"))
+            .collect(),
         [n] if n == "ex-latency" => EX_LATENCY.iter().map(|(t, s)| format!("{t} {s}")).collect(),
-        [n] if n == "ex-datapath" => EX_DATAPATH.iter().map(|(t, s, r)| format!("{t} {s} {r}").trim_end().to_string()).collect(),
+        [n] if n == "ex-datapath" => EX_DATAPATH
+            .iter()
+            .map(|(t, s, r)| format!("{t} {s} {r}").trim_end().to_string())
+            .collect(),
         [n] if n == "pingpong-e" => PINGPONG_E_SIZES.iter().map(|s| s.to_string()).collect(),
-        _ => return Err("usage: xtask bench list perftest|datapath|whole|pingpong-e|ex-latency|ex-datapath".into()),
+        _ => {
+            return Err(
+                "usage: xtask bench list perftest|datapath|whole|pingpong-e|ex-latency|ex-datapath"
+                    .into(),
+            )
+        }
     };
     for l in lines {
         println!("{l}");

@@ -16,8 +16,15 @@ const PROGRAMS: [&str; 3] = ["c", "hand", "doc"];
 /// `scale.{c,hand,doc}.ROUND`, then the kernel calls per QP from
 /// `scale.strace.{c,hand,doc}.{lo,hi}` (runs at LO and HI QPs).
 pub fn scale(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench scale OUT REPS LO HI")?);
-    let (reps, lo, hi): (usize, u64, u64) = (arg(args, 1, "REPS")?, arg(args, 2, "LO")?, arg(args, 3, "HI")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench scale OUT REPS LO HI")?,
+    );
+    let (reps, lo, hi): (usize, u64, u64) = (
+        arg(args, 1, "REPS")?,
+        arg(args, 2, "LO")?,
+        arg(args, 3, "HI")?,
+    );
     let keys = ["setup_s", "teardown_s", "rss_kib"];
     // values[key][program] and ratios[key][hand or doc] over the rounds.
     let mut values: [[Vec<String>; 3]; 3] = Default::default();
@@ -31,7 +38,9 @@ pub fn scale(args: &[String]) -> Result<usize, String> {
             continue;
         }
         for (k, key) in keys.iter().enumerate() {
-            let v = texts.clone().map(|t| first_field(&t, key).unwrap_or_default());
+            let v = texts
+                .clone()
+                .map(|t| first_field(&t, key).unwrap_or_default());
             ratios[k][0].push(ratio(&v[1], &v[0]));
             ratios[k][1].push(ratio(&v[2], &v[0]));
             for (p, x) in v.into_iter().enumerate() {
@@ -41,9 +50,25 @@ pub fn scale(args: &[String]) -> Result<usize, String> {
     }
     let med = |v: &[String]| median(v, Even::G(4));
     println!("{}", SCALE.header());
-    for (k, label) in ["setup s (create+RTS)", "teardown s (destroy)", "RSS growth KiB"].into_iter().enumerate() {
+    for (k, label) in [
+        "setup s (create+RTS)",
+        "teardown s (destroy)",
+        "RSS growth KiB",
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let (v, q) = (&values[k], &ratios[k]);
-        let row = [label.into(), med(&v[0]), med(&v[1]), med(&v[2]), med(&q[0]), range(&q[0]), med(&q[1]), range(&q[1])];
+        let row = [
+            label.into(),
+            med(&v[0]),
+            med(&v[1]),
+            med(&v[2]),
+            med(&q[0]),
+            range(&q[0]),
+            med(&q[1]),
+            range(&q[1]),
+        ];
         println!("{}", SCALE.row(&row));
     }
     println!("(medians; X/C: median of the per-round ratios, lower is better for all three)");
@@ -84,12 +109,16 @@ fn kernel_calls(out: &Out, lo: u64, hi: u64) -> usize {
 /// and, if the callgrind runs were made, the instructions per QP of
 /// `{c,rust}.cg.{50,250}.log` and the Rust functions' share.
 pub fn qp_setup(args: &[String]) -> Result<usize, String> {
-    let work = Out::new(args.first().ok_or("usage: xtask bench qp-setup WORK ROUNDS")?);
+    let work = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench qp-setup WORK ROUNDS")?,
+    );
     let rounds: usize = arg(args, 1, "ROUNDS")?;
     if rounds > 0 {
         let mut q = vec![];
         for r in 1..=rounds {
-            let [c, rust] = ["c", "rust"].map(|p| first_field(&work.text(&format!("rate.{p}.{r}")), "per_sec"));
+            let [c, rust] =
+                ["c", "rust"].map(|p| first_field(&work.text(&format!("rate.{p}.{r}")), "per_sec"));
             let (Some(c), Some(rust)) = (c, rust) else {
                 eprintln!("qp-setup: no rate in round {r}");
                 return Ok(1);
@@ -105,8 +134,10 @@ pub fn qp_setup(args: &[String]) -> Result<usize, String> {
             (Some(x), Some(y)) => format!("{:.2}", (*y as f64 - *x as f64) / 50.0),
             _ => "-".into(),
         };
-        let lines: Vec<String> =
-            strace_per(&a, &b, 50.0).iter().map(|(k, v)| format!("qp_setup:   {p} {k} {v:.2} per QP")).collect();
+        let lines: Vec<String> = strace_per(&a, &b, 50.0)
+            .iter()
+            .map(|(k, v)| format!("qp_setup:   {p} {k} {v:.2} per QP"))
+            .collect();
         (total, lines)
     };
     let ((ct, cl), (rt, rl)) = (per_qp("c"), per_qp("rust"));
@@ -126,19 +157,30 @@ pub fn qp_setup(args: &[String]) -> Result<usize, String> {
 /// take 40 or more per QP, inclusive, heaviest first (also written to
 /// `rust.cg.fns`).
 fn instructions(work: &Out) {
-    let per_qp = |p: &str| match ["50", "250"].map(|n| collected(&work.text(&format!("{p}.cg.{n}.log")))) {
-        [Some(a), Some(b)] => format!("{:.0}", (b as f64 - a as f64) / 200.0),
-        _ => "-".into(),
-    };
+    let per_qp =
+        |p: &str| match ["50", "250"].map(|n| collected(&work.text(&format!("{p}.cg.{n}.log")))) {
+            [Some(a), Some(b)] => format!("{:.0}", (b as f64 - a as f64) / 200.0),
+            _ => "-".into(),
+        };
     let (c, r) = (per_qp("c"), per_qp("rust"));
-    println!("qp_setup: user-space instructions per QP (callgrind): c={c} rust={r} rust/c={}", ratio(&r, &c));
+    println!(
+        "qp_setup: user-space instructions per QP (callgrind): c={c} rust={r} rust/c={}",
+        ratio(&r, &c)
+    );
     let [a, b] = ["50", "250"].map(|n| work.text(&format!("rust.cg.{n}.ann")));
-    let (a, b) = if a.is_empty() { (annotate(work, "rust.cg.50"), annotate(work, "rust.cg.250")) } else { (a, b) };
+    let (a, b) = if a.is_empty() {
+        (annotate(work, "rust.cg.50"), annotate(work, "rust.cg.250"))
+    } else {
+        (a, b)
+    };
     if b.is_empty() {
         return;
     }
     let fns = heaviest(&a, &b);
-    let _ = std::fs::write(work.path("rust.cg.fns"), fns.iter().map(|l| format!("{l}\n")).collect::<String>());
+    let _ = std::fs::write(
+        work.path("rust.cg.fns"),
+        fns.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    );
     println!("qp_setup: Rust functions, inclusive instructions per QP (N=250 minus N=50, over 200; 40 and more):");
     for l in fns {
         println!("qp_setup:   {l}");
@@ -160,12 +202,25 @@ fn annotate(work: &Out, name: &str) -> String {
 /// that in `a` (50 QPs), over 200, where that is 40 or more: "%8.0f  NAME"
 /// lines (the name cut at 140 characters), largest first.
 fn heaviest(a: &str, b: &str) -> Vec<String> {
-    let before: std::collections::HashMap<String, u64> = inclusive(a).into_iter().map(|i| (i.name, i.count)).collect();
+    let before: std::collections::HashMap<String, u64> = inclusive(a)
+        .into_iter()
+        .map(|i| (i.name, i.count))
+        .collect();
     let mut rows: Vec<(f64, String)> = inclusive(b)
         .into_iter()
-        .map(|i| ((i.count as f64 - *before.get(&i.name).unwrap_or(&0) as f64) / 200.0, i.name))
+        .map(|i| {
+            (
+                (i.count as f64 - *before.get(&i.name).unwrap_or(&0) as f64) / 200.0,
+                i.name,
+            )
+        })
         .filter(|(d, _)| *d >= 40.0)
-        .map(|(d, n)| (d, format!("{d:8.0}  {}", n.chars().take(140).collect::<String>())))
+        .map(|(d, n)| {
+            (
+                d,
+                format!("{d:8.0}  {}", n.chars().take(140).collect::<String>()),
+            )
+        })
         .collect();
     rows.sort_by(|x, y| y.0.total_cmp(&x.0).then_with(|| y.1.cmp(&x.1)));
     rows.into_iter().map(|(_, l)| l).collect()
@@ -181,7 +236,10 @@ mod unit {
         let b = "2,090,600 (100.0%)  PROGRAM TOTALS\n  330,000 (15.0%)  qp.rs:rdma_verbs::qp::QueuePair::modify [/p]\n    7,000 ( 0.3%)  x.rs:small [/p]\n";
         assert_eq!(
             heaviest(a, b),
-            vec!["    5453  PROGRAM TOTALS".to_string(), "    1150  qp.rs:rdma_verbs::qp::QueuePair::modify [/p]".to_string()]
+            vec![
+                "    5453  PROGRAM TOTALS".to_string(),
+                "    1150  qp.rs:rdma_verbs::qp::QueuePair::modify [/p]".to_string()
+            ]
         );
     }
 }

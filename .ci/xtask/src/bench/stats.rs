@@ -19,7 +19,12 @@ fn numbers<S: AsRef<str>>(values: &[S]) -> Vec<(f64, &str)> {
     let mut v: Vec<(f64, &str)> = values
         .iter()
         .map(|s| s.as_ref().trim())
-        .filter_map(|s| s.parse::<f64>().ok().filter(|x| x.is_finite()).map(|x| (x, s)))
+        .filter_map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite())
+                .map(|x| (x, s))
+        })
         .collect();
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
     v
@@ -144,10 +149,16 @@ mod unit {
     #[test]
     fn median_keeps_the_middle_value_as_printed() {
         // The first table's C column of a 3-round run (send_bw_64, Mpps).
-        assert_eq!(median(&["0.042904", "0.041200", "0.043500"], Even::G(4)), "0.042904");
+        assert_eq!(
+            median(&["0.042904", "0.041200", "0.043500"], Even::G(4)),
+            "0.042904"
+        );
         assert_eq!(median(&["12.46", "13.00"], Even::G(4)), "12.73");
         assert_eq!(median(&["1.00", "2.00"], Even::F(2)), "1.50");
-        assert_eq!(median(&["1.116", "1.2", "1.1", "1.13"], Even::F(3)), "1.123");
+        assert_eq!(
+            median(&["1.116", "1.2", "1.1", "1.13"], Even::F(3)),
+            "1.123"
+        );
         assert_eq!(median::<&str>(&[], Even::G(4)), "-");
         assert_eq!(median(&["-", "x", "3"], Even::G(4)), "3");
     }
@@ -157,7 +168,10 @@ mod unit {
         assert_eq!(range(&["1.116", "1.1", "1.13"]), "1.1..1.13");
         assert_eq!(range(&["0.97", "1.0", "0.99"]), "0.97..1");
         assert_eq!(range::<&str>(&[]), "-");
-        assert_eq!(range_with(&["0.829", "1.161"], |_, s| s.to_string()), "0.829..1.161");
+        assert_eq!(
+            range_with(&["0.829", "1.161"], |_, s| s.to_string()),
+            "0.829..1.161"
+        );
         assert_eq!(ratio3(13.91, 12.46), "1.116");
         assert_eq!(ratio3(1.0, 0.0), "0.000");
         assert_eq!(ratio("1079", "686"), "1.57");

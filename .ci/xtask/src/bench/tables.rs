@@ -19,12 +19,20 @@ pub struct Table {
 
 /// A column aligned to the left.
 const fn l(head: &'static str, width: usize) -> Col {
-    Col { head, width, left: true }
+    Col {
+        head,
+        width,
+        left: true,
+    }
 }
 
 /// A column aligned to the right.
 const fn r(head: &'static str, width: usize) -> Col {
-    Col { head, width, left: false }
+    Col {
+        head,
+        width,
+        left: false,
+    }
 }
 
 impl Table {
@@ -45,7 +53,11 @@ impl Table {
             .zip(cells)
             .map(|(c, v)| {
                 let (v, w) = (v.as_ref(), c.width);
-                if c.left { format!("{v:<w$}") } else { format!("{v:>w$}") }
+                if c.left {
+                    format!("{v:<w$}")
+                } else {
+                    format!("{v:>w$}")
+                }
             })
             .collect();
         parts.join(" ")
@@ -68,7 +80,12 @@ pub const PERFTEST: Table = Table {
 
 /// Data-path instructions per operation, safe against raw (`counted::datapath`).
 pub const DATAPATH: Table = Table {
-    cols: &[l("workload", 22), r("safe", 10), r("raw", 10), r("safe/raw", 10)],
+    cols: &[
+        l("workload", 22),
+        r("safe", 10),
+        r("raw", 10),
+        r("safe/raw", 10),
+    ],
 };
 
 /// The whole client's instructions per iteration (`counted::whole_table`).
@@ -99,12 +116,23 @@ pub const ASYNC: Table = Table {
 
 /// rc_pingpong against ibv_rc_pingpong (`timed::pingpong`).
 pub const PINGPONG: Table = Table {
-    cols: &[l("measure", 26), r("C", 10), r("Rust", 10), r("Rust/C", 8), r("Rust/C range", 14)],
+    cols: &[
+        l("measure", 26),
+        r("C", 10),
+        r("Rust", 10),
+        r("Rust/C", 8),
+        r("Rust/C range", 14),
+    ],
 };
 
 /// Reading in place against copying out (`counted::inplace`).
 pub const INPLACE: Table = Table {
-    cols: &[l("message", 28), r("in place", 10), r("copied", 10), r("in place/copied", 12)],
+    cols: &[
+        l("message", 28),
+        r("in place", 10),
+        r("copied", 10),
+        r("in place/copied", 12),
+    ],
 };
 
 /// Many QPs in one process: C, hand and doc (`scale::table`).
@@ -134,12 +162,24 @@ pub const HALVES: Table = Table {
 
 /// cmtime, total ms per step (`cmtime::tables`).
 pub const CMTIME_TOTAL: Table = Table {
-    cols: &[l("step", 28), r("C ms", 10), r("Rust ms", 10), r("Rust/C", 8), r("Rust/C range", 14)],
+    cols: &[
+        l("step", 28),
+        r("C ms", 10),
+        r("Rust ms", 10),
+        r("Rust/C", 8),
+        r("Rust/C range", 14),
+    ],
 };
 
 /// cmtime, the fastest connection's us per step (`cmtime::tables`).
 pub const CMTIME_MIN: Table = Table {
-    cols: &[l("step", 28), r("C us", 10), r("Rust us", 10), r("Rust/C", 8), r("Rust/C range", 14)],
+    cols: &[
+        l("step", 28),
+        r("C us", 10),
+        r("Rust us", 10),
+        r("Rust/C", 8),
+        r("Rust/C range", 14),
+    ],
 };
 
 /// cmtime's interop runs (no header): name, "ok" or "FAILED", setup ms,
@@ -150,12 +190,23 @@ pub const CMTIME_INTEROP: Table = Table {
 
 /// `perf --ex` against `perf`, latency (`ex::latency`).
 pub const EX_LATENCY: Table = Table {
-    cols: &[l("workload", 16), r("basic", 10), r("ex", 10), r("ex/basic", 8), r("ex/b range", 12)],
+    cols: &[
+        l("workload", 16),
+        r("basic", 10),
+        r("ex", 10),
+        r("ex/basic", 8),
+        r("ex/b range", 12),
+    ],
 };
 
 /// `perf --ex` against `perf`, data-path instructions (`ex::datapath`).
 pub const EX_DATAPATH: Table = Table {
-    cols: &[l("workload", 22), r("basic", 10), r("ex", 10), r("ex/basic", 10)],
+    cols: &[
+        l("workload", 22),
+        r("basic", 10),
+        r("ex", 10),
+        r("ex/basic", 10),
+    ],
 };
 
 #[cfg(test)]
@@ -169,7 +220,16 @@ mod unit {
             PERFTEST.header(),
             "workload      unit           C       safe        raw   safe/C safe/C range    raw/C"
         );
-        let row = ["send_lat_64", "usec", "12.46", "13.91", "13.65", "1.116", "1.1..1.13", "1.096"];
+        let row = [
+            "send_lat_64",
+            "usec",
+            "12.46",
+            "13.91",
+            "13.65",
+            "1.116",
+            "1.1..1.13",
+            "1.096",
+        ];
         assert_eq!(
             PERFTEST.row(&row),
             "send_lat_64   usec       12.46      13.91      13.65    1.116    1.1..1.13    1.096"
@@ -179,7 +239,13 @@ mod unit {
             PINGPONG.row(&["instructions/iter (cg)", "693", "957", "1.38"]),
             "instructions/iter (cg)            693        957     1.38"
         );
-        assert_eq!(HALVES.row(&["C", "20.386", "", "", "486"]).len(), 10 + 14 + 10 + 14 + 14 + 4);
-        assert_eq!(CMTIME_INTEROP.row(&["c-server.rust-client", "FAILED"]), "c-server.rust-client     FAILED");
+        assert_eq!(
+            HALVES.row(&["C", "20.386", "", "", "486"]).len(),
+            10 + 14 + 10 + 14 + 14 + 4
+        );
+        assert_eq!(
+            CMTIME_INTEROP.row(&["c-server.rust-client", "FAILED"]),
+            "c-server.rust-client     FAILED"
+        );
     }
 }

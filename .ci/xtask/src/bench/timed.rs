@@ -16,15 +16,22 @@ fn med(v: &[String]) -> String {
 /// `xtask bench perftest OUT REPS NAME...`: the first table, a row per
 /// named workload of [`plan::WORKLOADS`] (files `NAME.{c,safe,raw}.ROUND`).
 pub fn perftest(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench perftest OUT REPS NAME...")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench perftest OUT REPS NAME...")?,
+    );
     let reps: usize = arg(args, 1, "REPS")?;
     let mut failures = 0;
     println!("{}", PERFTEST.header());
     for name in &args[2..] {
-        let w = plan::WORKLOADS.iter().find(|w| w.name == name).ok_or(format!("no workload {name}"))?;
+        let w = plan::WORKLOADS
+            .iter()
+            .find(|w| w.name == name)
+            .ok_or(format!("no workload {name}"))?;
         let (mut c, mut s, mut r, mut qs, mut qr) = (vec![], vec![], vec![], vec![], vec![]);
         for i in 1..=reps {
-            let [cv, sv, rv] = ["c", "safe", "raw"].map(|p| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col));
+            let [cv, sv, rv] = ["c", "safe", "raw"]
+                .map(|p| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col));
             let (Some(cv), Some(sv), Some(rv)) = (&cv, &sv, &rv) else {
                 let [cv, sv, rv] = [cv, sv, rv].map(Option::unwrap_or_default);
                 eprintln!("bench: {name} round {i} left out: no result (C '{cv}', safe '{sv}', raw '{rv}')");
@@ -41,7 +48,16 @@ pub fn perftest(args: &[String]) -> Result<usize, String> {
             eprintln!("bench: {name}: no round gave a result");
             failures += 1;
         }
-        let row = [name.clone(), w.unit.into(), med(&c), med(&s), med(&r), med(&qs), range(&qs), med(&qr)];
+        let row = [
+            name.clone(),
+            w.unit.into(),
+            med(&c),
+            med(&s),
+            med(&r),
+            med(&qs),
+            range(&qs),
+            med(&qr),
+        ];
         println!("{}", PERFTEST.row(&row));
     }
     println!("(medians; X/C is the median of the per-round ratios, the range their spread. usec: latency,");
@@ -54,16 +70,26 @@ pub fn perftest(args: &[String]) -> Result<usize, String> {
 /// client's count of `cg.{e,async}.send_lat.I` (I up to CGREPS), and the
 /// per-wait counts of `pw.e` and `pw.async`.
 pub fn async_wait(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench async OUT REPS SHORT LONG CGREPS")?);
-    let (reps, short, long, cgreps): (usize, u64, u64, usize) =
-        (arg(args, 1, "REPS")?, arg(args, 2, "SHORT")?, arg(args, 3, "LONG")?, arg(args, 4, "CGREPS")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench async OUT REPS SHORT LONG CGREPS")?,
+    );
+    let (reps, short, long, cgreps): (usize, u64, u64, usize) = (
+        arg(args, 1, "REPS")?,
+        arg(args, 2, "SHORT")?,
+        arg(args, 3, "LONG")?,
+        arg(args, 4, "CGREPS")?,
+    );
     let mut failures = 0;
     let (mut p, mut e, mut a, mut rp, mut re) = (vec![], vec![], vec![], vec![], vec![]);
     for i in 1..=reps {
-        let [pv, ev, av] = ["poll", "e", "async"].map(|m| column(&out.text(&format!("async.{m}.{i}")), "64", 5));
+        let [pv, ev, av] =
+            ["poll", "e", "async"].map(|m| column(&out.text(&format!("async.{m}.{i}")), "64", 5));
         let (Some(pv), Some(ev), Some(av)) = (&pv, &ev, &av) else {
             let [pv, ev, av] = [pv, ev, av].map(Option::unwrap_or_default);
-            eprintln!("bench: async round {i} left out: no result (poll '{pv}', -e '{ev}', async '{av}')");
+            eprintln!(
+                "bench: async round {i} left out: no result (poll '{pv}', -e '{ev}', async '{av}')"
+            );
             failures += 1;
             continue;
         };
@@ -75,19 +101,42 @@ pub fn async_wait(args: &[String]) -> Result<usize, String> {
         a.push(av.clone());
     }
     println!("{}", ASYNC.header());
-    let row = ["t_typical usec".into(), med(&p), med(&e), med(&a), med(&rp), range(&rp), med(&re), range(&re)];
+    let row = [
+        "t_typical usec".into(),
+        med(&p),
+        med(&e),
+        med(&a),
+        med(&rp),
+        range(&rp),
+        med(&re),
+        range(&re),
+    ];
     println!("{}", ASYNC.row(&row));
     let counts = |m: &str| -> Vec<String> {
-        (1..=cgreps).map(|i| whole(&out, &format!("{m}.send_lat.{i}"), short, long)).collect()
+        (1..=cgreps)
+            .map(|i| whole(&out, &format!("{m}.send_lat.{i}"), short, long))
+            .collect()
     };
     let (ei, ai) = (counts("e"), counts("async"));
     failures += ei.iter().chain(&ai).map(|v| failed(v)).sum::<usize>();
-    let (ei, ai): (Vec<String>, Vec<String>) =
-        (ei.into_iter().filter(|v| v != "-").collect(), ai.into_iter().filter(|v| v != "-").collect());
+    let (ei, ai): (Vec<String>, Vec<String>) = (
+        ei.into_iter().filter(|v| v != "-").collect(),
+        ai.into_iter().filter(|v| v != "-").collect(),
+    );
     let (em, am) = (med(&ei), med(&ai));
-    let cells = ["instructions/iter (cg)".into(), "-".into(), em.clone(), am.clone(), format!("async/-e {}", ratio(&am, &em))];
+    let cells = [
+        "instructions/iter (cg)".into(),
+        "-".into(),
+        em.clone(),
+        am.clone(),
+        format!("async/-e {}", ratio(&am, &em)),
+    ];
     println!("{}", ASYNC.row(&cells));
-    println!("   (each of {cgreps} runs: -e {}; async {})", ei.join(" "), ai.join(" "));
+    println!(
+        "   (each of {cgreps} runs: -e {}; async {})",
+        ei.join(" "),
+        ai.join(" ")
+    );
     println!("(usec: medians, ratios the median of the per-round ratios; instructions: the client at {long} less at {short} iterations, median of {cgreps})");
     per_wait(&out);
     Ok(failures)
@@ -99,13 +148,24 @@ pub fn async_wait(args: &[String]) -> Result<usize, String> {
 fn per_wait(out: &Out) {
     let one = |label: &str, f: &str| {
         let name = format!("pw.{label}");
-        let waits = last_field(&out.text(&name), "perf-result:", "empty_polls").and_then(|v| num(&v)).unwrap_or(0.0);
-        per(first_matching(&out.annotated(&name), f).unwrap_or(0) as f64, waits)
+        let waits = last_field(&out.text(&name), "perf-result:", "empty_polls")
+            .and_then(|v| num(&v))
+            .unwrap_or(0.0);
+        per(
+            first_matching(&out.annotated(&name), f).unwrap_or(0) as f64,
+            waits,
+        )
     };
     let wait = ":perf::setup::Conn::wait_event ";
     let (pe, pa) = (one("e", wait), one("async", wait));
     let pc = one("async", ":rdma_verbs::tokio::cq::Waiter::poll_fill ");
-    let cells = ["instructions/wait (cg)".into(), "-".into(), pe, pa, format!("crate's part of async: {pc}")];
+    let cells = [
+        "instructions/wait (cg)".into(),
+        "-".into(),
+        pe,
+        pa,
+        format!("crate's part of async: {pc}"),
+    ];
     println!("{}", ASYNC.row(&cells));
     println!("   (a wait: -e's ibv_get_cq_event, ack and re-arm; async's block_on(AsyncCq::ready()), of which the crate's");
     println!("    poll_fill (polls, arm, event read) is the part named; the rest is tokio's runtime entry and reactor)");
@@ -115,12 +175,22 @@ fn per_wait(out: &Out) {
 /// ibv_rc_pingpong: usec/iter of `pp.{c,rust}.ROUND`, then the whole
 /// client's counts `cg.{c,rust}.pingpong` and `cg.{c,rust}.pingpong.eSIZE`.
 pub fn pingpong(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench pingpong OUT REPS SHORT LONG")?);
-    let (reps, short, long): (usize, u64, u64) = (arg(args, 1, "REPS")?, arg(args, 2, "SHORT")?, arg(args, 3, "LONG")?);
+    let out = Out::new(
+        args.first()
+            .ok_or("usage: xtask bench pingpong OUT REPS SHORT LONG")?,
+    );
+    let (reps, short, long): (usize, u64, u64) = (
+        arg(args, 1, "REPS")?,
+        arg(args, 2, "SHORT")?,
+        arg(args, 3, "LONG")?,
+    );
     let mut failures = 0;
     let (mut c, mut r, mut q) = (vec![], vec![], vec![]);
     for i in 1..=reps {
-        match (usec_per_iter(&out.text(&format!("pp.c.{i}"))), usec_per_iter(&out.text(&format!("pp.rust.{i}")))) {
+        match (
+            usec_per_iter(&out.text(&format!("pp.c.{i}"))),
+            usec_per_iter(&out.text(&format!("pp.rust.{i}"))),
+        ) {
             (Some(a), Some(b)) => {
                 q.push(ratio3(num(&b).unwrap_or(0.0), num(&a).unwrap_or(0.0)));
                 c.push(a);
@@ -133,11 +203,24 @@ pub fn pingpong(args: &[String]) -> Result<usize, String> {
         }
     }
     println!("{}", PINGPONG.header());
-    println!("{}", PINGPONG.row(&["client usec/iter".into(), med(&c), med(&r), med(&q), range(&q)]));
+    println!(
+        "{}",
+        PINGPONG.row(&[
+            "client usec/iter".into(),
+            med(&c),
+            med(&r),
+            med(&q),
+            range(&q)
+        ])
+    );
     let mut counts = |label: String, suffix: &str| {
-        let [ci, ri] = ["c", "rust"].map(|p| whole(&out, &format!("{p}.pingpong{suffix}"), short, long));
+        let [ci, ri] =
+            ["c", "rust"].map(|p| whole(&out, &format!("{p}.pingpong{suffix}"), short, long));
         failures += failed(&ci) + failed(&ri);
-        println!("{}", PINGPONG.row(&[label, ci.clone(), ri.clone(), ratio(&ri, &ci)]));
+        println!(
+            "{}",
+            PINGPONG.row(&[label, ci.clone(), ri.clone(), ratio(&ri, &ci)])
+        );
     };
     counts("instructions/iter (cg)".into(), "");
     for sz in plan::PINGPONG_E_SIZES {
@@ -155,7 +238,9 @@ pub fn halves(args: &[String]) -> Result<usize, String> {
     let out = Out::new(args.first().ok_or("usage: xtask bench halves OUT REPS N")?);
     let (reps, n): (usize, f64) = (arg(args, 1, "REPS")?, arg(args, 2, "N")?);
     let us = |t: &str| -> Option<String> {
-        let l = t.lines().find(|l| field(l, "messages").is_some() && field(l, "seconds").is_some())?;
+        let l = t
+            .lines()
+            .find(|l| field(l, "messages").is_some() && field(l, "seconds").is_some())?;
         let (m, s) = (num(field(l, "messages")?)?, num(field(l, "seconds")?)?);
         (m > 0.0).then(|| format!("{:.3}", s * 1e6 / m))
     };
@@ -177,14 +262,36 @@ pub fn halves(args: &[String]) -> Result<usize, String> {
             v[k].push(x);
         }
     }
-    let instr = |label: &str, fns: &[&str]| per(sum_matching(&out.annotated(&format!("halves.{label}")), fns) as f64, 2.0 * n);
-    let rust = [" as perf_halves::Queues>::send ", " as perf_halves::Queues>::sent ", " as perf_halves::Queues>::repost "];
-    let [ic, ih, im] = [instr("c", &[":post_send ", ":post_recv "]), instr("halves", &rust), instr("mutex", &rust)];
+    let instr = |label: &str, fns: &[&str]| {
+        per(
+            sum_matching(&out.annotated(&format!("halves.{label}")), fns) as f64,
+            2.0 * n,
+        )
+    };
+    let rust = [
+        " as perf_halves::Queues>::send ",
+        " as perf_halves::Queues>::sent ",
+        " as perf_halves::Queues>::repost ",
+    ];
+    let [ic, ih, im] = [
+        instr("c", &[":post_send ", ":post_recv "]),
+        instr("halves", &rust),
+        instr("mutex", &rust),
+    ];
     failures += failed(&ic) + failed(&ih) + failed(&im);
     println!("{}", HALVES.header());
-    println!("{}", HALVES.row(&["C".into(), med(&v[0]), String::new(), String::new(), ic]));
-    println!("{}", HALVES.row(&["halves".into(), med(&v[1]), med(&rh), range(&rh), ih]));
-    println!("{}", HALVES.row(&["mutex".into(), med(&v[2]), med(&rm), range(&rm), im]));
+    println!(
+        "{}",
+        HALVES.row(&["C".into(), med(&v[0]), String::new(), String::new(), ic])
+    );
+    println!(
+        "{}",
+        HALVES.row(&["halves".into(), med(&v[1]), med(&rh), range(&rh), ih])
+    );
+    println!(
+        "{}",
+        HALVES.row(&["mutex".into(), med(&v[2]), med(&rm), range(&rm), im])
+    );
     println!("mutex/halves: median {}, range {}", med(&rmh), range(&rmh));
     println!("(medians of {reps} rounds; X/C: median of the per-round ratios; instructions: the data path's functions, inclusive, per message)");
     Ok(failures)
@@ -193,7 +300,8 @@ pub fn halves(args: &[String]) -> Result<usize, String> {
 /// `xtask bench register FILE`: huge pages against 4 KiB pages (thp off),
 /// from `perf_reg`'s lines in FILE; prints nothing if either is missing.
 pub fn register(args: &[String]) -> Result<usize, String> {
-    let text = std::fs::read_to_string(args.first().ok_or("usage: xtask bench register FILE")?).unwrap_or_default();
+    let text = std::fs::read_to_string(args.first().ok_or("usage: xtask bench register FILE")?)
+        .unwrap_or_default();
     if let Some(line) = register_line(&text) {
         println!("{line}");
     }
@@ -203,12 +311,20 @@ pub fn register(args: &[String]) -> Result<usize, String> {
 /// The comparison line of `perf_reg`'s output, if it has both kinds.
 fn register_line(text: &str) -> Option<String> {
     let times = |kind: &str| {
-        let l = text.lines().rev().find(|l| l.contains("reg_ms=") && field(l, "pages") == Some(kind))?;
+        let l = text
+            .lines()
+            .rev()
+            .find(|l| l.contains("reg_ms=") && field(l, "pages") == Some(kind))?;
         Some((num(field(l, "reg_ms")?)?, num(field(l, "dereg_ms")?)?))
     };
     let ((rb, db), (rh, dh)) = (times("normal(thp=never)")?, times("huge")?);
-    (rb > 0.0 && db > 0.0)
-        .then(|| format!("perf_reg: huge against 4 KiB pages: reg_time x{:.3}, dereg_time x{:.3}", rh / rb, dh / db))
+    (rb > 0.0 && db > 0.0).then(|| {
+        format!(
+            "perf_reg: huge against 4 KiB pages: reg_time x{:.3}, dereg_time x{:.3}",
+            rh / rb,
+            dh / db
+        )
+    })
 }
 
 #[cfg(test)]

@@ -32,9 +32,18 @@ fn perftest_columns() {
 fn result_lines() {
     let perf = "perf-result: test=send_lat path=safe size=64 iters=2000 ops=4000 polls=9000 empty_polls=5000 usec=12.5\n\
                 perf-result: test=send_lat path=safe size=64 iters=2000 ops=4002 polls=9000 empty_polls=4999 usec=12.5\n";
-    assert_eq!(last_field(perf, "perf-result:", "ops").as_deref(), Some("4002"));
-    assert_eq!(last_field(perf, "perf-result:", "polls").as_deref(), Some("9000"));
-    assert_eq!(last_field(perf, "perf-result:", "empty_polls").as_deref(), Some("4999"));
+    assert_eq!(
+        last_field(perf, "perf-result:", "ops").as_deref(),
+        Some("4002")
+    );
+    assert_eq!(
+        last_field(perf, "perf-result:", "polls").as_deref(),
+        Some("9000")
+    );
+    assert_eq!(
+        last_field(perf, "perf-result:", "empty_polls").as_deref(),
+        Some("4999")
+    );
     let scale = "qp_scale: path=c qps=1000 setup_s=0.900029 teardown_s=0.136880 rss_kib=48536\n";
     assert_eq!(first_field(scale, "setup_s").as_deref(), Some("0.900029"));
     assert_eq!(first_field(scale, "rss_kib").as_deref(), Some("48536"));
@@ -71,9 +80,19 @@ Ir                 file:function
 #[test]
 fn callgrind_inclusive_counts() {
     let lines = inclusive(ANNOTATE);
-    assert_eq!(lines[0], Incl { count: 29_335_120, name: "PROGRAM TOTALS".into() });
+    assert_eq!(
+        lines[0],
+        Incl {
+            count: 29_335_120,
+            name: "PROGRAM TOTALS".into()
+        }
+    );
     assert_eq!(lines.len(), 6);
-    let dp = [" as perf::path::DataPath>::post ", " as perf::path::DataPath>::post_recvs ", "::completions "];
+    let dp = [
+        " as perf::path::DataPath>::post ",
+        " as perf::path::DataPath>::post_recvs ",
+        "::completions ",
+    ];
     assert_eq!(sum_matching(&lines, &dp), 1_372_000 + 760_000 + 184_000);
     assert_eq!(first_matching(&lines, "::completions_of "), Some(99_000));
     assert_eq!(first_matching(&lines, "::nothing "), None);
@@ -97,10 +116,20 @@ fn strace_summaries() {
     assert_eq!(calls["ioctl"], 250);
     assert_eq!(calls["access"], 2);
     assert_eq!(calls["total"], 452);
-    let hi = STRACE_LO.replace("250  ", "500  ").replace("100           mmap", "200           mmap")
-        .replace("452", "802").replace("100           munmap", "200           munmap")
+    let hi = STRACE_LO
+        .replace("250  ", "500  ")
+        .replace("100           mmap", "200           mmap")
+        .replace("452", "802")
+        .replace("100           munmap", "200           munmap")
         .replace("       2 total", "   2 total");
     let per = strace_per(STRACE_LO, &hi, 50.0);
-    assert_eq!(per, vec![("ioctl".into(), 5.0), ("mmap".into(), 2.0), ("munmap".into(), 2.0)]);
+    assert_eq!(
+        per,
+        vec![
+            ("ioctl".into(), 5.0),
+            ("mmap".into(), 2.0),
+            ("munmap".into(), 2.0)
+        ]
+    );
     assert_eq!(strace_calls(&hi)["total"], 802);
 }

@@ -13,5 +13,8 @@ perf_reg: pages=huge page_size=2097152 thp_bytes=0 bytes=1073741824 pinned_pages
         register_line(text).as_deref(),
         Some("perf_reg: huge against 4 KiB pages: reg_time x0.404, dereg_time x0.022")
     );
-    assert_eq!(register_line("perf_reg: pages=huge refused: ENOMEM\n"), None);
+    assert_eq!(
+        register_line("perf_reg: pages=huge refused: ENOMEM\n"),
+        None
+    );
 }
