@@ -205,4 +205,20 @@ destroy      :       3.00       0.05      20.00      30.00
         assert_eq!(value(&r, 2, TEARDOWN), "170.00");
         assert!(rows("event: RDMA_CM_EVENT_REJECTED\n").is_empty());
     }
+
+    #[test]
+    fn a_run_counts_with_seven_steps_and_no_failure() {
+        let dir = std::env::temp_dir().join(format!("xtask-cmtime-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            vec![p.to_str().unwrap().to_string()]
+        };
+        assert_eq!(check(&write("good", SAMPLE)), Ok(0));
+        let failed = format!("event: RDMA_CM_EVENT_UNREACHABLE, error: -110\n{SAMPLE}");
+        assert_eq!(check(&write("failed", &failed)), Ok(1));
+        assert_eq!(check(&write("short", &SAMPLE[..SAMPLE.len() - 60])), Ok(1));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

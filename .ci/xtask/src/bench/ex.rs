@@ -132,3 +132,35 @@ pub fn datapath(args: &[String]) -> Result<usize, String> {
     }
     Ok(failures)
 }
+
+#[cfg(test)]
+mod unit {
+    use super::run_line;
+
+    /// `perf send_lat -s 64`'s header line and result table.
+    const PERF: &str = " rdma-verbs path : ex
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]
+ 64      2000          10.92          61.37        13.07     	       13.51       	2.10
+";
+
+    #[test]
+    fn a_run_as_listed() {
+        assert_eq!(
+            run_line(PERF, "64"),
+            "min 10.92 typical 13.07 avg 13.51 max 61.37"
+        );
+        assert_eq!(run_line(PERF, "2"), "");
+    }
+
+    #[test]
+    fn the_header_names_the_path() {
+        let dir = std::env::temp_dir().join(format!("xtask-ex-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("send_lat_64.ex.1");
+        std::fs::write(&log, PERF).unwrap();
+        let log = log.to_str().unwrap().to_string();
+        assert_eq!(super::check(&[log.clone(), "ex".into()]), Ok(0));
+        assert_eq!(super::check(&[log, "safe".into()]), Ok(1));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

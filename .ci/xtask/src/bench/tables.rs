@@ -213,6 +213,26 @@ pub const EX_DATAPATH: Table = Table {
 mod unit {
     use super::*;
 
+    /// The headers as `src/guide/performance.md` quotes the bench's output:
+    /// a column changed here changes these lines, and the guide with them.
+    #[test]
+    fn headers_are_the_guides() {
+        let quoted = [
+            (&DATAPATH, "workload                     safe        raw   safe/raw"),
+            (&WHOLE, "workload                        C       safe        raw     safe/C      raw/C"),
+            (&PINGPONG, "measure                             C       Rust   Rust/C   Rust/C range"),
+            (&SCALE, "measure                         C       hand        doc  hand/C hand/C range   doc/C doc/C range"),
+            (&EX_LATENCY, "workload              basic         ex ex/basic   ex/b range"),
+            (&EX_DATAPATH, "workload                    basic         ex   ex/basic"),
+            (&INPLACE, "message                        in place     copied in place/copied"),
+            (&HALVES, "path         usec/message        X/C      X/C range  instr/message"),
+            (&ASYNC, "send_lat 64 B                    poll         -e      async   async/poll async/poll range     async/-e async/-e range"),
+        ];
+        for (table, line) in quoted {
+            assert_eq!(table.header(), line);
+        }
+    }
+
     #[test]
     fn rows_are_printf_lines() {
         // The first table's header and a row as the guide quotes them.
