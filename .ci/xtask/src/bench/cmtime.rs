@@ -2,9 +2,9 @@
 //! the client's per-step table, checking a run, and the bench's tables of
 //! `.ci/bench/cmtime-guest`.
 
+use super::folder_and;
 use super::stats::{median, range_with, ratio, Even};
 use super::tables::{Table, CMTIME_INTEROP, CMTIME_MIN, CMTIME_TOTAL};
-use super::{arg, Out};
 
 /// The steps of the client's table, in order ("bind addr" is not run).
 const STEPS: &[&str] = &[
@@ -107,11 +107,7 @@ pub fn check(args: &[String]) -> Result<usize, String> {
 /// `xtask bench cmtime OUT CONNS ROUND...`: the two tables over the good
 /// ROUNDs (`c.ROUND` against `rust.ROUND`), then the interop runs.
 pub fn tables(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench cmtime OUT CONNS ROUND...")?,
-    );
-    let conns: u64 = arg(args, 1, "CONNS")?;
+    let (out, [conns]) = folder_and(args, "cmtime OUT CONNS ROUND...", ["CONNS"])?;
     let good = &args[2..];
     let runs = |who: &str| -> Vec<Vec<Row>> {
         good.iter()

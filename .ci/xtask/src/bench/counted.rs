@@ -7,7 +7,7 @@
 use super::parse::{collected, last_field, sum_matching};
 use super::stats::{per, ratio};
 use super::tables::{DATAPATH, INPLACE, WHOLE};
-use super::{arg, plan, Out};
+use super::{folder_and, plan, Out};
 
 /// `perf`'s data-path functions: its post calls and its handling of a poll
 /// that found completions (the provider's `ibv_post_send` inside them,
@@ -57,7 +57,7 @@ pub fn failed(v: &str) -> usize {
 /// `xtask bench datapath OUT`: the data-path table, a row per
 /// [`plan::DATAPATH`] entry (`dp.safe.TEST[.rb]` against `dp.raw.TEST`).
 pub fn datapath(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench datapath OUT")?);
+    let (out, []) = folder_and(args, "datapath OUT", [])?;
     let mut failures = 0;
     // The raw path's counts, one per test (an "rb" row shares its test's).
     let mut raw = std::collections::BTreeMap::new();
@@ -85,11 +85,7 @@ pub fn datapath(args: &[String]) -> Result<usize, String> {
 /// `xtask bench whole OUT SHORT LONG`: the whole-client table, a row per
 /// [`plan::WHOLE`] entry (`cg.{c,safe,raw}.TEST.{short,long}`).
 pub fn whole_table(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench whole OUT SHORT LONG")?,
-    );
-    let (short, long) = (arg(args, 1, "SHORT")?, arg(args, 2, "LONG")?);
+    let (out, [short, long]) = folder_and(args, "whole OUT SHORT LONG", ["SHORT", "LONG"])?;
     let mut failures = 0;
     println!("{}", WHOLE.header());
     for (test, size, _) in plan::WHOLE {
@@ -115,11 +111,10 @@ pub fn whole_table(args: &[String]) -> Result<usize, String> {
 /// `xtask bench inplace OUT N`: `perf_inplace`'s two ways, instructions
 /// per message of N (the profile `inplace.cg`).
 pub fn inplace(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench inplace OUT N")?);
-    let n: f64 = arg(args, 1, "N")?;
+    let (out, [n]) = folder_and(args, "inplace OUT N", ["N"])?;
     let lines = out.annotated("inplace");
     let [ip, cp] = ["perf_inplace::in_place ", "perf_inplace::copied "]
-        .map(|f| per(sum_matching(&lines, &[f]) as f64, n));
+        .map(|f| per(sum_matching(&lines, &[f]) as f64, n as f64));
     println!("{}", INPLACE.header());
     println!(
         "{}",

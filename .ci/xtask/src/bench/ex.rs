@@ -6,7 +6,7 @@ use super::counted::{failed, per_op};
 use super::parse::column;
 use super::stats::{median, num, range, ratio, ratio3, Even};
 use super::tables::{EX_DATAPATH, EX_LATENCY};
-use super::{arg, plan, Out};
+use super::{folder_and, plan};
 
 /// `xtask bench ex-check LOG PATH`: whether the client's header names
 /// PATH (`safe` or `ex`: that `--ex` took effect); says so if the client
@@ -53,11 +53,7 @@ fn run_line(text: &str, size: &str) -> String {
 /// workload from `TEST_SIZE.{basic,ex}.ROUND` (the first of a round
 /// alternating: basic first in odd rounds), then every run in order.
 pub fn latency(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench ex-latency OUT REPS")?,
-    );
-    let reps: usize = arg(args, 1, "REPS")?;
+    let (out, [reps]) = folder_and(args, "ex-latency OUT REPS", ["REPS"])?;
     let mut failures = 0;
     let mut runs = vec![];
     println!("{}", EX_LATENCY.header());
@@ -117,7 +113,7 @@ pub fn latency(args: &[String]) -> Result<usize, String> {
 /// `xtask bench ex-datapath OUT`: a row per [`plan::EX_DATAPATH`] entry,
 /// from `dp.{basic,ex}.TEST_SIZE[_MORE]`.
 pub fn datapath(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench ex-datapath OUT")?);
+    let (out, []) = folder_and(args, "ex-datapath OUT", [])?;
     let mut failures = 0;
     println!("{}", EX_DATAPATH.header());
     for (test, size, more) in plan::EX_DATAPATH {

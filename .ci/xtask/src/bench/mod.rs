@@ -116,6 +116,22 @@ impl Out {
     }
 }
 
+/// The output folder named by a subcommand's first argument, and its
+/// arguments after it parsed as the numbers `names` name (`usage` says
+/// what is missing).
+pub fn folder_and<const N: usize>(
+    args: &[String],
+    usage: &str,
+    names: [&str; N],
+) -> Result<(Out, [u64; N]), String> {
+    let out = Out::new(args.first().ok_or(format!("usage: xtask bench {usage}"))?);
+    let mut v = [0; N];
+    for (i, name) in names.iter().enumerate() {
+        v[i] = arg(args, i + 1, name)?;
+    }
+    Ok((out, v))
+}
+
 /// Parses argument `i` of a subcommand as a number.
 pub fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Result<T, String> {
     let v = args.get(i).ok_or_else(|| format!("missing {what}"))?;

@@ -7,7 +7,7 @@
 use super::parse::{collected, first_field, inclusive, strace_calls, strace_per};
 use super::stats::{median, num, range, range_with, ratio, ratio3, Even};
 use super::tables::SCALE;
-use super::{arg, Out};
+use super::{folder_and, Out};
 
 /// The scale part's three programs, in the order of their columns.
 const PROGRAMS: [&str; 3] = ["c", "hand", "doc"];
@@ -16,15 +16,7 @@ const PROGRAMS: [&str; 3] = ["c", "hand", "doc"];
 /// `scale.{c,hand,doc}.ROUND`, then the kernel calls per QP from
 /// `scale.strace.{c,hand,doc}.{lo,hi}` (runs at LO and HI QPs).
 pub fn scale(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench scale OUT REPS LO HI")?,
-    );
-    let (reps, lo, hi): (usize, u64, u64) = (
-        arg(args, 1, "REPS")?,
-        arg(args, 2, "LO")?,
-        arg(args, 3, "HI")?,
-    );
+    let (out, [reps, lo, hi]) = folder_and(args, "scale OUT REPS LO HI", ["REPS", "LO", "HI"])?;
     let keys = ["setup_s", "teardown_s", "rss_kib"];
     // values[key][program] and ratios[key][hand or doc] over the rounds.
     let mut values: [[Vec<String>; 3]; 3] = Default::default();
@@ -109,11 +101,7 @@ fn kernel_calls(out: &Out, lo: u64, hi: u64) -> usize {
 /// and, if the callgrind runs were made, the instructions per QP of
 /// `{c,rust}.cg.{50,250}.log` and the Rust functions' share.
 pub fn qp_setup(args: &[String]) -> Result<usize, String> {
-    let work = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench qp-setup WORK ROUNDS")?,
-    );
-    let rounds: usize = arg(args, 1, "ROUNDS")?;
+    let (work, [rounds]) = folder_and(args, "qp-setup WORK ROUNDS", ["ROUNDS"])?;
     if rounds > 0 {
         let mut q = vec![];
         for r in 1..=rounds {

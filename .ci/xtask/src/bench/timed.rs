@@ -6,21 +6,49 @@ use super::counted::{failed, whole};
 use super::parse::{column, field, first_matching, last_field, sum_matching, usec_per_iter};
 use super::stats::{median, num, per, range, ratio, ratio3, Even};
 use super::tables::{ASYNC, HALVES, PERFTEST, PINGPONG};
-use super::{arg, plan, Out};
+use super::{folder_and, plan, Out};
 
 /// perftest-style median: the middle value, or the mean of two as `%.4g`.
 fn med(v: &[String]) -> String {
     median(v, Even::G(4))
 }
 
+/// The rounds 1..=`reps` in which `get` finds all `K` values: their
+/// columns, each in the order of the rounds. A round that misses any is
+/// left out, and `left_out` is told what it found.
+pub fn rounds<const K: usize>(
+    reps: u64,
+    get: impl Fn(u64) -> [Option<String>; K],
+    mut left_out: impl FnMut(u64, [String; K]),
+) -> [Vec<String>; K] {
+    let mut cols: [Vec<String>; K] = std::array::from_fn(|_| Vec::new());
+    for i in 1..=reps {
+        let found = get(i);
+        if found.iter().any(Option::is_none) {
+            left_out(i, found.map(Option::unwrap_or_default));
+            continue;
+        }
+        for (col, v) in cols.iter_mut().zip(found) {
+            col.push(v.unwrap_or_default());
+        }
+    }
+    cols
+}
+
+/// The per-round ratios `a[i] / b[i]`, as `f` prints each.
+pub fn per_round(a: &[String], b: &[String], f: impl Fn(&str, &str) -> String) -> Vec<String> {
+    a.iter().zip(b).map(|(x, y)| f(x, y)).collect()
+}
+
+/// [`ratio3`] of two values as printed.
+fn r3(a: &str, b: &str) -> String {
+    ratio3(num(a).unwrap_or(0.0), num(b).unwrap_or(0.0))
+}
+
 /// `xtask bench perftest OUT REPS NAME...`: the first table, a row per
 /// named workload of [`plan::WORKLOADS`] (files `NAME.{c,safe,raw}.ROUND`).
 pub fn perftest(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench perftest OUT REPS NAME...")?,
-    );
-    let reps: usize = arg(args, 1, "REPS")?;
+    let (out, [reps]) = folder_and(args, "perftest OUT REPS NAME...", ["REPS"])?;
     let mut failures = 0;
     println!("{}", PERFTEST.header());
     for name in &args[2..] {
@@ -28,26 +56,20 @@ pub fn perftest(args: &[String]) -> Result<usize, String> {
             .iter()
             .find(|w| w.name == name)
             .ok_or(format!("no workload {name}"))?;
-        let (mut c, mut s, mut r, mut qs, mut qr) = (vec![], vec![], vec![], vec![], vec![]);
-        for i in 1..=reps {
-            let [cv, sv, rv] = ["c", "safe", "raw"]
-                .map(|p| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col));
-            let (Some(cv), Some(sv), Some(rv)) = (&cv, &sv, &rv) else {
-                let [cv, sv, rv] = [cv, sv, rv].map(Option::unwrap_or_default);
-                eprintln!("bench: {name} round {i} left out: no result (C '{cv}', safe '{sv}', raw '{rv}')");
-                continue;
-            };
-            let [a, b, d] = [cv, sv, rv].map(|v| num(v).unwrap_or(0.0));
-            qs.push(ratio3(b, a));
-            qr.push(ratio3(d, a));
-            c.push(cv.clone());
-            s.push(sv.clone());
-            r.push(rv.clone());
-        }
+        let get = |i| {
+            ["c", "safe", "raw"]
+                .map(|p| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col))
+        };
+        let [c, s, r] = rounds(reps, get, |i, [c, s, r]| {
+            eprintln!(
+                "bench: {name} round {i} left out: no result (C '{c}', safe '{s}', raw '{r}')"
+            )
+        });
         if c.is_empty() {
             eprintln!("bench: {name}: no round gave a result");
             failures += 1;
         }
+        let (qs, qr) = (per_round(&s, &c, r3), per_round(&r, &c, r3));
         let row = [
             name.clone(),
             w.unit.into(),
@@ -70,36 +92,17 @@ pub fn perftest(args: &[String]) -> Result<usize, String> {
 /// client's count of `cg.{e,async}.send_lat.I` (I up to CGREPS), and the
 /// per-wait counts of `pw.e` and `pw.async`.
 pub fn async_wait(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench async OUT REPS SHORT LONG CGREPS")?,
-    );
-    let (reps, short, long, cgreps): (usize, u64, u64, usize) = (
-        arg(args, 1, "REPS")?,
-        arg(args, 2, "SHORT")?,
-        arg(args, 3, "LONG")?,
-        arg(args, 4, "CGREPS")?,
-    );
+    let usage = "async OUT REPS SHORT LONG CGREPS";
+    let (out, [reps, short, long, cgreps]) =
+        folder_and(args, usage, ["REPS", "SHORT", "LONG", "CGREPS"])?;
     let mut failures = 0;
-    let (mut p, mut e, mut a, mut rp, mut re) = (vec![], vec![], vec![], vec![], vec![]);
-    for i in 1..=reps {
-        let [pv, ev, av] =
-            ["poll", "e", "async"].map(|m| column(&out.text(&format!("async.{m}.{i}")), "64", 5));
-        let (Some(pv), Some(ev), Some(av)) = (&pv, &ev, &av) else {
-            let [pv, ev, av] = [pv, ev, av].map(Option::unwrap_or_default);
-            eprintln!(
-                "bench: async round {i} left out: no result (poll '{pv}', -e '{ev}', async '{av}')"
-            );
-            failures += 1;
-            continue;
-        };
-        let [x, y, z] = [pv, ev, av].map(|v| num(v).unwrap_or(0.0));
-        rp.push(ratio3(z, x));
-        re.push(ratio3(z, y));
-        p.push(pv.clone());
-        e.push(ev.clone());
-        a.push(av.clone());
-    }
+    let get =
+        |i| ["poll", "e", "async"].map(|m| column(&out.text(&format!("async.{m}.{i}")), "64", 5));
+    let [p, e, a] = rounds(reps, get, |i, [p, e, a]| {
+        eprintln!("bench: async round {i} left out: no result (poll '{p}', -e '{e}', async '{a}')");
+        failures += 1;
+    });
+    let (rp, re) = (per_round(&a, &p, r3), per_round(&a, &e, r3));
     println!("{}", ASYNC.header());
     let row = [
         "t_typical usec".into(),
@@ -175,33 +178,18 @@ fn per_wait(out: &Out) {
 /// ibv_rc_pingpong: usec/iter of `pp.{c,rust}.ROUND`, then the whole
 /// client's counts `cg.{c,rust}.pingpong` and `cg.{c,rust}.pingpong.eSIZE`.
 pub fn pingpong(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(
-        args.first()
-            .ok_or("usage: xtask bench pingpong OUT REPS SHORT LONG")?,
-    );
-    let (reps, short, long): (usize, u64, u64) = (
-        arg(args, 1, "REPS")?,
-        arg(args, 2, "SHORT")?,
-        arg(args, 3, "LONG")?,
-    );
+    let (out, [reps, short, long]) = folder_and(
+        args,
+        "pingpong OUT REPS SHORT LONG",
+        ["REPS", "SHORT", "LONG"],
+    )?;
     let mut failures = 0;
-    let (mut c, mut r, mut q) = (vec![], vec![], vec![]);
-    for i in 1..=reps {
-        match (
-            usec_per_iter(&out.text(&format!("pp.c.{i}"))),
-            usec_per_iter(&out.text(&format!("pp.rust.{i}"))),
-        ) {
-            (Some(a), Some(b)) => {
-                q.push(ratio3(num(&b).unwrap_or(0.0), num(&a).unwrap_or(0.0)));
-                c.push(a);
-                r.push(b);
-            }
-            _ => {
-                eprintln!("bench: pingpong round {i} left out");
-                failures += 1;
-            }
-        }
-    }
+    let get = |i| ["c", "rust"].map(|p| usec_per_iter(&out.text(&format!("pp.{p}.{i}"))));
+    let [c, r] = rounds(reps, get, |i, _| {
+        eprintln!("bench: pingpong round {i} left out");
+        failures += 1;
+    });
+    let q = per_round(&r, &c, r3);
     println!("{}", PINGPONG.header());
     println!(
         "{}",
@@ -235,8 +223,7 @@ pub fn pingpong(args: &[String]) -> Result<usize, String> {
 /// message of the data path's functions in `halves.{c,halves,mutex}.cg`
 /// (runs of N messages each way).
 pub fn halves(args: &[String]) -> Result<usize, String> {
-    let out = Out::new(args.first().ok_or("usage: xtask bench halves OUT REPS N")?);
-    let (reps, n): (usize, f64) = (arg(args, 1, "REPS")?, arg(args, 2, "N")?);
+    let (out, [reps, n]) = folder_and(args, "halves OUT REPS N", ["REPS", "N"])?;
     let us = |t: &str| -> Option<String> {
         let l = t
             .lines()
@@ -245,27 +232,25 @@ pub fn halves(args: &[String]) -> Result<usize, String> {
         (m > 0.0).then(|| format!("{:.3}", s * 1e6 / m))
     };
     let mut failures = 0;
-    let mut v: [Vec<String>; 3] = Default::default();
-    let (mut rh, mut rm, mut rmh) = (vec![], vec![], vec![]);
-    for i in 1..=reps {
-        let texts = ["c", "halves", "mutex"].map(|p| out.text(&format!("halves.{p}.{i}")));
-        let [Some(c), Some(h), Some(m)] = texts.clone().map(|t| us(&t)) else {
-            print!("{}", texts.concat());
+    let texts = |i| ["c", "halves", "mutex"].map(|p| out.text(&format!("halves.{p}.{i}")));
+    let v = rounds(
+        reps,
+        |i| texts(i).map(|t| us(&t)),
+        |i, _| {
+            print!("{}", texts(i).concat());
             eprintln!("bench: halves round {i} left out (a run failed)");
             failures += 1;
-            continue;
-        };
-        rh.push(ratio(&h, &c));
-        rm.push(ratio(&m, &c));
-        rmh.push(ratio(&m, &h));
-        for (k, x) in [c, h, m].into_iter().enumerate() {
-            v[k].push(x);
-        }
-    }
+        },
+    );
+    let (rh, rm, rmh) = (
+        per_round(&v[1], &v[0], ratio),
+        per_round(&v[2], &v[0], ratio),
+        per_round(&v[2], &v[1], ratio),
+    );
     let instr = |label: &str, fns: &[&str]| {
         per(
             sum_matching(&out.annotated(&format!("halves.{label}")), fns) as f64,
-            2.0 * n,
+            2.0 * n as f64,
         )
     };
     let rust = [
