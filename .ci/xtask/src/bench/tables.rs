@@ -100,7 +100,8 @@ pub const WHOLE: Table = Table {
     ],
 };
 
-/// The async wait against polling and `-e` (`timed::async_wait`).
+/// The async wait against polling and `-e` (`timed::async_wait`, its
+/// per-wait row `timed::per_wait`).
 pub const ASYNC: Table = Table {
     cols: &[
         l("send_lat 64 B", 26),
@@ -160,7 +161,7 @@ pub const HALVES: Table = Table {
     ],
 };
 
-/// cmtime, total ms per step (`cmtime::tables`).
+/// cmtime, total ms per step (`cmtime::table`).
 pub const CMTIME_TOTAL: Table = Table {
     cols: &[
         l("step", 28),
@@ -171,7 +172,7 @@ pub const CMTIME_TOTAL: Table = Table {
     ],
 };
 
-/// cmtime, the fastest connection's us per step (`cmtime::tables`).
+/// cmtime, the fastest connection's us per step (`cmtime::table`).
 pub const CMTIME_MIN: Table = Table {
     cols: &[
         l("step", 28),
