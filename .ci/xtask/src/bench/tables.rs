@@ -184,7 +184,7 @@ pub const CMTIME_MIN: Table = Table {
 };
 
 /// cmtime's interop runs (no header): name, "ok" or "FAILED", setup ms,
-/// teardown ms (`cmtime::interop`).
+/// teardown ms (`cmtime::tables`).
 pub const CMTIME_INTEROP: Table = Table {
     cols: &[l("", 24), l("", 3), r("setup ms", 10), r("teardown ms", 10)],
 };
