@@ -71,6 +71,19 @@ pub fn usec_per_iter(text: &str) -> Option<String> {
     })
 }
 
+/// Microseconds per message, "%.3f", of the first line with `messages=M
+/// seconds=S` (`perf_halves`, `halves.c`), if M is positive.
+pub fn usec_per_message(text: &str) -> Option<String> {
+    let l = text
+        .lines()
+        .find(|l| field(l, "messages").is_some() && field(l, "seconds").is_some())?;
+    let (m, s) = (
+        super::stats::num(field(l, "messages")?)?,
+        super::stats::num(field(l, "seconds")?)?,
+    );
+    (m > 0.0).then(|| format!("{:.3}", s * 1e6 / m))
+}
+
 /// One function's line of `callgrind_annotate --inclusive=yes`: its
 /// inclusive count and the rest of the line (file:function and object, or
 /// "PROGRAM TOTALS"), the percentage dropped.

@@ -3,7 +3,9 @@
 //! that also count instructions add their rows through [`counted`].
 
 use super::counted::{failed, whole};
-use super::parse::{column, field, first_matching, last_field, sum_matching, usec_per_iter};
+use super::parse::{
+    column, field, first_matching, last_field, sum_matching, usec_per_iter, usec_per_message,
+};
 use super::stats::{median, num, per, range, ratio, ratio3, Even};
 use super::tables::{ASYNC, HALVES, PERFTEST, PINGPONG};
 use super::{folder_and, plan, Out};
@@ -224,18 +226,11 @@ pub fn pingpong(args: &[String]) -> Result<usize, String> {
 /// (runs of N messages each way).
 pub fn halves(args: &[String]) -> Result<usize, String> {
     let (out, [reps, n]) = folder_and(args, "halves OUT REPS N", ["REPS", "N"])?;
-    let us = |t: &str| -> Option<String> {
-        let l = t
-            .lines()
-            .find(|l| field(l, "messages").is_some() && field(l, "seconds").is_some())?;
-        let (m, s) = (num(field(l, "messages")?)?, num(field(l, "seconds")?)?);
-        (m > 0.0).then(|| format!("{:.3}", s * 1e6 / m))
-    };
     let mut failures = 0;
     let texts = |i| ["c", "halves", "mutex"].map(|p| out.text(&format!("halves.{p}.{i}")));
     let v = rounds(
         reps,
-        |i| texts(i).map(|t| us(&t)),
+        |i| texts(i).map(|t| usec_per_message(&t)),
         |i, _| {
             print!("{}", texts(i).concat());
             eprintln!("bench: halves round {i} left out (a run failed)");

@@ -53,6 +53,20 @@ fn result_lines() {
 }
 
 #[test]
+fn halves_per_message() {
+    let c = "perf_halves: path=c messages=40000 seconds=0.815440\n";
+    assert_eq!(usec_per_message(c).as_deref(), Some("20.386"));
+    assert_eq!(
+        usec_per_message("perf_halves: path=c messages=0 seconds=1\n"),
+        None
+    );
+    assert_eq!(
+        usec_per_message("ibv_post_send: Cannot allocate memory\n"),
+        None
+    );
+}
+
+#[test]
 fn valgrind_collected() {
     let log = "==16968== Events    : Ir\n==16968== Collected : 529516\n==16968== \n==16968== I   refs:      529,516\n";
     assert_eq!(collected(log), Some(529516));

@@ -1,6 +1,6 @@
 //! The register line on `perf_reg`'s output of the guide's run.
 
-use super::register_line;
+use super::{per_round, r3, register_line, rounds};
 
 #[test]
 fn huge_against_small_pages() {
@@ -17,4 +17,20 @@ perf_reg: pages=huge page_size=2097152 thp_bytes=0 bytes=1073741824 pinned_pages
         register_line("perf_reg: pages=huge refused: ENOMEM\n"),
         None
     );
+}
+
+#[test]
+fn rounds_with_every_value_count() {
+    let found = |i: u64| {
+        [
+            Some(format!("{i}.0")),
+            (i != 2).then(|| format!("{}.5", i + 10)),
+        ]
+    };
+    let mut left = vec![];
+    let [a, b] = rounds(3, found, |i, got| left.push((i, got)));
+    assert_eq!(a, ["1.0", "3.0"]);
+    assert_eq!(b, ["11.5", "13.5"]);
+    assert_eq!(left, [(2, ["2.0".to_string(), String::new()])]);
+    assert_eq!(per_round(&b, &a, r3), ["11.500", "4.500"]);
 }
