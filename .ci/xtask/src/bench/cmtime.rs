@@ -81,6 +81,10 @@ fn value(rows: &[Row], col: usize, steps: &[&str]) -> String {
 pub fn check(args: &[String]) -> Result<usize, String> {
     let log = args.first().ok_or("usage: xtask bench cmtime-check LOG")?;
     let text = std::fs::read_to_string(log).unwrap_or_default();
+    // The run's name, as the script calls it: the file's name.
+    let name = std::path::Path::new(log)
+        .file_name()
+        .map_or(log.clone(), |n| n.to_string_lossy().into_owned());
     let failed: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("event: ") || l.contains("_ERROR, error: "))
@@ -88,7 +92,7 @@ pub fn check(args: &[String]) -> Result<usize, String> {
         .collect();
     if !failed.is_empty() {
         eprintln!(
-            "cmtime-bench: {log}: connections failed:\n{}",
+            "cmtime-bench: {name}: connections failed:\n{}",
             failed.join("\n")
         );
         return Ok(1);
@@ -96,7 +100,7 @@ pub fn check(args: &[String]) -> Result<usize, String> {
     let n = rows(&text).len();
     if n != STEPS.len() {
         eprintln!(
-            "cmtime-bench: {log}: {n} of {} table rows with numbers\n{text}",
+            "cmtime-bench: {name}: {n} of {} table rows with numbers\n{text}",
             STEPS.len()
         );
         return Ok(1);
