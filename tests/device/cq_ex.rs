@@ -257,26 +257,22 @@ fn timestamps_need_the_device_mask(env: &Env) -> Result<(), Failed> {
     if attr.completion_timestamp_mask == 0 {
         match ts {
             Err(Error::Unsupported {
-                what: "completion timestamps_need_the_device_mask",
+                what: "completion timestamps",
                 errno: None,
                 ..
             }) => {}
-            other => {
-                return Err(
-                    format!("timestamps_need_the_device_mask without the mask: {other:?}").into(),
-                )
-            }
+            other => return Err(format!("timestamps without the mask: {other:?}").into()),
         }
         match env.ctx.create_cq_ex(16).completion_wallclock().build() {
             Err(Error::Unsupported {
-                what: "completion timestamps_need_the_device_mask",
+                what: "completion timestamps",
                 errno: None,
                 ..
             }) => {}
             other => return Err(format!("wallclock without the mask: {other:?}").into()),
         }
         eprintln!(
-            "cq_ex: {} has no completion timestamps_need_the_device_mask (mask 0): refused before the call",
+            "cq_ex: {} has no completion timestamps (mask 0): refused before the call",
             env.ctx.name()
         );
         return Ok(());
@@ -286,7 +282,7 @@ fn timestamps_need_the_device_mask(env: &Env) -> Result<(), Failed> {
         Ok(cq) => cq,
         Err(Error::Unsupported { errno: Some(e), .. }) => {
             eprintln!(
-                "cq_ex: {} refused timestamps_need_the_device_mask (errno {e}); not read",
+                "cq_ex: {} refused timestamps (errno {e}); not read",
                 env.ctx.name()
             );
             return Ok(());
@@ -309,10 +305,10 @@ fn timestamps_need_the_device_mask(env: &Env) -> Result<(), Failed> {
         stamps
             .iter()
             .all(|&t| t & !attr.completion_timestamp_mask == 0),
-        "timestamps_need_the_device_mask {stamps:x?} outside the mask {:#x}",
+        "timestamps {stamps:x?} outside the mask {:#x}",
         attr.completion_timestamp_mask
     );
-    eprintln!("cq_ex: completion timestamps_need_the_device_mask {stamps:?}");
+    eprintln!("cq_ex: completion timestamps {stamps:?}");
     Ok(())
 }
 
@@ -381,10 +377,7 @@ fn bad_arguments_refused_before_the_call(env: &Env) -> Result<(), Failed> {
 fn empty_cq_starts_no_batch(env: &Env) -> Result<(), Failed> {
     let mut cq = env.ctx.create_cq_ex(8).build()?;
     for _ in 0..3 {
-        ensure!(
-            cq.start_poll()?.is_none(),
-            "a batch on an empty_cq_starts_no_batch CQ"
-        );
+        ensure!(cq.start_poll()?.is_none(), "a batch on an empty CQ");
     }
     ensure!(cq.wc_flags() == NoFields::WC_FLAGS, "wc_flags");
     Ok(())
@@ -558,7 +551,7 @@ fn flushed_completions_read_and_reclaimed(env: &Env) -> Result<(), Failed> {
     back.sort();
     ensure!(
         back == (50..56).collect::<Vec<u64>>(),
-        "flushed_completions_read_and_reclaimed receives handed back: {back:?}"
+        "flushed receives handed back: {back:?}"
     );
     ensure!(p.a.outstanding_recvs() == 0, "receives outstanding");
     Ok(())

@@ -188,7 +188,7 @@ fn huge_pages_registered_or_refused(env: &Env) -> Result<(), Failed> {
 /// (not a dma-buf, which a device that does register dma-bufs refuses).
 fn dmabuf_fd() -> Result<(std::os::fd::OwnedFd, &'static str), Failed> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let name = c"rdma-verbs-dmabuf_refused_with_unsupported_on_rxe";
+    let name = c"rdma-verbs-dmabuf";
     // SAFETY: memfd_create with a NUL-terminated name; the fd is ours.
     let memfd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING) };
     ensure!(
@@ -383,7 +383,7 @@ fn rereg_onto_another_buffer(env: &Env) -> Result<(), Failed> {
     let (lkey, rkey) = (mr.lkey(), mr.rkey());
     let (e, (mr, empty)) = match mr.rereg_buffer(Vec::<u8>::new()) {
         Err(r) => r.into_parts(),
-        Ok(_) => return Err("rereg_onto_another_buffer onto an empty buffer accepted".into()),
+        Ok(_) => return Err("rereg_buffer onto an empty buffer accepted".into()),
     };
     ensure!(
         matches!(e, Error::InvalidArgument { .. }) && empty == Some(Vec::new()),
@@ -399,7 +399,7 @@ fn rereg_onto_another_buffer(env: &Env) -> Result<(), Failed> {
             );
             ensure!(old == vec![0u8; 4096], "the old buffer came back changed");
             eprintln!(
-                "registration: rereg_onto_another_buffer: moved, keys {:#x}/{:#x}",
+                "registration: rereg_buffer: moved, keys {:#x}/{:#x}",
                 moved.lkey(),
                 moved.rkey()
             );
@@ -411,10 +411,7 @@ fn rereg_onto_another_buffer(env: &Env) -> Result<(), Failed> {
         }
         Err(r) => {
             let (e, (back, new)) = r.into_parts();
-            ensure!(
-                matches!(e, Error::Unsupported { .. }),
-                "rereg_onto_another_buffer: {e}"
-            );
+            ensure!(matches!(e, Error::Unsupported { .. }), "rereg_buffer: {e}");
             let new = new.ok_or("the new buffer was kept on an Unsupported refusal")?;
             ensure!(
                 new.as_ptr() == new_ptr && new == vec![9u8; 8192],
@@ -424,14 +421,14 @@ fn rereg_onto_another_buffer(env: &Env) -> Result<(), Failed> {
                 back.len() == 4096 && (back.lkey(), back.rkey()) == (lkey, rkey),
                 "the region changed"
             );
-            eprintln!("registration: rereg_onto_another_buffer: {e}");
+            eprintln!("registration: rereg_buffer: {e}");
             back
         }
     };
     send_from(
         &mut p,
         mr.into_chunks(4096)?.remove(0),
-        "after a refused rereg_onto_another_buffer",
+        "after a refused rereg_buffer",
     )
 }
 

@@ -253,7 +253,7 @@ fn post_template_one_posts_one_request_and_refuses_misuse(env: &Env) -> Result<(
     }
     let q = later.last_mut().ok_or("no QP")?;
     eprintln!(
-        "post_template_one_posts_one_request_and_refuses_misuse: the later QP is at the gone one's address: {}",
+        "template_one: the later QP is at the gone one's address: {}",
         q.as_raw() as usize == old
     );
     let e = q

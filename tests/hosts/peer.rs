@@ -154,15 +154,15 @@ impl Drop for Peer {
 /// VM 2 is the [`survivor`].
 pub fn killed_mid_transfer_then_reconnect(side: &Side) -> Result<(), Failed> {
     if !side.server {
-        return survivor(side, PORT, "peer killed_mid_transfer_then_reconnect");
+        return survivor(side, PORT, "peer killed");
     }
     let first = Peer::spawn("sink")?;
     let got = first.received(100)?;
     drop(first); // SIGKILL, mid-transfer
-    eprintln!("hosts: peer killed_mid_transfer_then_reconnect (server): SIGKILLed the receiving peer after {got} receives");
+    eprintln!("hosts: peer killed (server): SIGKILLed the receiving peer after {got} receives");
     let (posted, returned) = Peer::spawn("sink")?.counts()?;
     eprintln!(
-        "hosts: peer killed_mid_transfer_then_reconnect (server): the new peer posted {posted} chunks, {returned} came back"
+        "hosts: peer killed (server): the new peer posted {posted} chunks, {returned} came back"
     );
     ensure!(
         posted == returned,
