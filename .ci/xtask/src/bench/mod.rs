@@ -29,7 +29,7 @@
 //! | `scale OUT REPS LO HI`, `qp-setup WORK ROUNDS` | guest, qp-setup.sh | [`qps`] |
 //! | `cmtime-check LOG`, `cmtime OUT CONNS ROUND...` | cmtime-guest | [`cmtime`] |
 //! | `ex-check LOG PATH`, `ex-latency OUT REPS`, `ex-datapath OUT` | ex-guest | [`ex`] |
-//! | `column LOG SIZE COL`, `median`, `range`, `ratio3 A B` | `stats.sh` (`.ci/hosts-bench`) | here |
+//! | `list hosts`, `hosts OUT REPS NAME...` | `.ci/hosts-bench` | [`plan`], [`timed`] |
 //!
 //! A subcommand that prints a table exits with the number of its failures
 //! (runs that gave no result), which the scripts add to theirs.
@@ -44,7 +44,6 @@ mod stats;
 mod tables;
 mod timed;
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -56,6 +55,7 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
     let failures = match cmd.as_str() {
         "list" => return plan::list(rest),
         "perftest" => timed::perftest(rest)?,
+        "hosts" => timed::hosts(rest)?,
         "async" => timed::async_wait(rest)?,
         "pingpong" => timed::pingpong(rest)?,
         "halves" => timed::halves(rest)?,
@@ -70,7 +70,6 @@ pub fn main(args: &[String]) -> Result<ExitCode, String> {
         "ex-check" => ex::check(rest)?,
         "ex-latency" => ex::latency(rest)?,
         "ex-datapath" => ex::datapath(rest)?,
-        "column" | "median" | "range" | "ratio3" => return shell_stats(cmd, rest),
         other => return Err(format!("unknown bench subcommand {other:?}")),
     };
     Ok(ExitCode::from(failures.min(255) as u8))
@@ -137,38 +136,4 @@ pub fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Resul
     let v = args.get(i).ok_or_else(|| format!("missing {what}"))?;
     v.parse()
         .map_err(|_| format!("{what}: not a number: {v:?}"))
-}
-
-/// `stats.sh`'s functions for `.ci/hosts-bench`: `column LOG SIZE COL`,
-/// `median` and `range` of the numbers on standard input, `ratio3 A B`.
-fn shell_stats(cmd: &str, args: &[String]) -> Result<ExitCode, String> {
-    let out = match cmd {
-        "column" => {
-            let text =
-                std::fs::read_to_string(args.first().ok_or("missing LOG")?).unwrap_or_default();
-            let size = args.get(1).ok_or("missing SIZE")?;
-            match parse::column(&text, size, arg(args, 2, "COL")?) {
-                Some(v) => v,
-                None => return Ok(ExitCode::SUCCESS),
-            }
-        }
-        "ratio3" => stats::ratio3(
-            arg(args, 0, "A").unwrap_or(0.0),
-            arg(args, 1, "B").unwrap_or(0.0),
-        ),
-        _ => {
-            let mut input = String::new();
-            std::io::stdin()
-                .read_to_string(&mut input)
-                .map_err(|e| e.to_string())?;
-            let values: Vec<&str> = input.split_whitespace().collect();
-            if cmd == "median" {
-                stats::median(&values, stats::Even::G(4))
-            } else {
-                stats::range(&values)
-            }
-        }
-    };
-    println!("{out}");
-    Ok(ExitCode::SUCCESS)
 }

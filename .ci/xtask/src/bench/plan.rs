@@ -128,6 +128,25 @@ pub const WORKLOADS: &[Workload] = &[
     ),
 ];
 
+/// `.ci/hosts-bench`'s workloads across the link between two VMs: names
+/// of [`WORKLOADS`], each with its iterations there.
+pub const HOSTS: &[(&str, &str)] = &[
+    ("send_lat_64", "1000"),
+    ("write_lat_64", "1000"),
+    ("read_lat_64", "1000"),
+    ("send_bw_64", "5000"),
+    ("write_bw_64", "5000"),
+    ("write_bw_64K", "1000"),
+];
+
+/// The workload of [`WORKLOADS`] named `name`.
+pub fn workload(name: &str) -> Result<&'static Workload, String> {
+    WORKLOADS
+        .iter()
+        .find(|w| w.name == name)
+        .ok_or(format!("no workload {name}"))
+}
+
 /// The data-path count's rows: test, size, and whether the safe path
 /// receives into queue-owned buffers (`--recv-buffers`, "rb": no raw run
 /// of its own, the raw column is the row's test without it).
@@ -172,6 +191,14 @@ pub fn list(args: &[String]) -> Result<ExitCode, String> {
             .iter()
             .map(|w| format!("{} {} {} {} {}", w.name, w.cprog, w.test, w.size, w.iters))
             .collect(),
+        [n] if n == "hosts" => {
+            let mut lines = Vec::new();
+            for (name, iters) in HOSTS {
+                let w = workload(name)?;
+                lines.push(format!("{} {} {} {} {iters}", w.name, w.cprog, w.test, w.size));
+            }
+            lines
+        }
         [n] if n == "datapath" => DATAPATH
             .iter()
             .map(|(t, s, rb)| format!("{t} {s}{}", if *rb { " rb" } else { "" }))
@@ -188,7 +215,7 @@ pub fn list(args: &[String]) -> Result<ExitCode, String> {
         [n] if n == "pingpong-e" => PINGPONG_E_SIZES.iter().map(|s| s.to_string()).collect(),
         _ => {
             return Err(
-                "usage: xtask bench list perftest|datapath|whole|pingpong-e|ex-latency|ex-datapath"
+                "usage: xtask bench list perftest|hosts|datapath|whole|pingpong-e|ex-latency|ex-datapath"
                     .into(),
             )
         }

@@ -78,6 +78,19 @@ pub const PERFTEST: Table = Table {
     ],
 };
 
+/// perftest against `perf` between two hosts (`timed::hosts`, for
+/// `.ci/hosts-bench`).
+pub const HOSTS: Table = Table {
+    cols: &[
+        l("workload", 13),
+        l("unit", 5),
+        r("C", 10),
+        r("Rust", 10),
+        r("Rust/C", 8),
+        r("Rust/C range", 12),
+    ],
+};
+
 /// Data-path instructions per operation, safe against raw (`counted::datapath`).
 pub const DATAPATH: Table = Table {
     cols: &[
@@ -219,6 +232,7 @@ mod unit {
     #[test]
     fn headers_are_the_guides() {
         let quoted = [
+            (&HOSTS, "workload      unit           C       Rust   Rust/C Rust/C range"),
             (&DATAPATH, "workload                     safe        raw   safe/raw"),
             (&WHOLE, "workload                        C       safe        raw     safe/C      raw/C"),
             (&PINGPONG, "measure                             C       Rust   Rust/C   Rust/C range"),

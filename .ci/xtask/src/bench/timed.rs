@@ -7,7 +7,7 @@ use super::parse::{
     column, field, first_matching, last_field, sum_matching, usec_per_iter, usec_per_message,
 };
 use super::stats::{median, num, per, range, ratio, ratio3, Even};
-use super::tables::{ASYNC, HALVES, PERFTEST, PINGPONG};
+use super::tables::{Table, ASYNC, HALVES, HOSTS, PERFTEST, PINGPONG};
 use super::{folder_and, plan, Out};
 
 /// perftest-style median: the middle value, or the mean of two as `%.4g`.
@@ -51,42 +51,86 @@ fn r3(a: &str, b: &str) -> String {
 /// named workload of [`plan::WORKLOADS`] (files `NAME.{c,safe,raw}.ROUND`).
 pub fn perftest(args: &[String]) -> Result<usize, String> {
     let (out, [reps]) = folder_and(args, "perftest OUT REPS NAME...", ["REPS"])?;
-    let mut failures = 0;
-    println!("{}", PERFTEST.header());
-    for name in &args[2..] {
-        let w = plan::WORKLOADS
-            .iter()
-            .find(|w| w.name == name)
-            .ok_or(format!("no workload {name}"))?;
-        let get = |i| {
-            ["c", "safe", "raw"]
-                .map(|p| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col))
-        };
-        let [c, s, r] = rounds(reps, get, |i, [c, s, r]| {
-            eprintln!(
-                "bench: {name} round {i} left out: no result (C '{c}', safe '{s}', raw '{r}')"
-            )
-        });
-        if c.is_empty() {
-            eprintln!("bench: {name}: no round gave a result");
-            failures += 1;
-        }
-        let (qs, qr) = (per_round(&s, &c, r3), per_round(&r, &c, r3));
-        let row = [
-            name.clone(),
-            w.unit.into(),
-            med(&c),
-            med(&s),
-            med(&r),
-            med(&qs),
-            range(&qs),
-            med(&qr),
-        ];
-        println!("{}", PERFTEST.row(&row));
-    }
+    let progs = [("c", "C"), ("safe", "safe"), ("raw", "raw")];
+    let failures = against_c(&out, reps, &args[2..], &PERFTEST, progs)?;
     println!("(medians; X/C is the median of the per-round ratios, the range their spread. usec: latency,");
     println!(" t_typical, lower is better. Mpps, MB/s: rate, higher is better.)");
     Ok(failures)
+}
+
+/// `xtask bench hosts OUT REPS NAME...`: `.ci/hosts-bench`'s table, a row
+/// per named workload of [`plan::HOSTS`] (files `NAME.{c,rust}.ROUND`).
+pub fn hosts(args: &[String]) -> Result<usize, String> {
+    let (out, [reps]) = folder_and(args, "hosts OUT REPS NAME...", ["REPS"])?;
+    let progs = [("c", "C"), ("rust", "Rust")];
+    let failures = against_c(&out, reps, &args[2..], &HOSTS, progs)?;
+    println!(
+        "(medians over the rounds; Rust/C is the median of the per-round ratios, the range their"
+    );
+    println!(
+        " spread. usec: latency, t_typical, lower is better. Mpps, MB/s: rate, higher is better.)"
+    );
+    Ok(failures)
+}
+
+/// Prints `table`: its header and a [`against_c_row`] per named workload.
+/// Returns how many workloads gave no result.
+fn against_c<const K: usize>(
+    out: &Out,
+    reps: u64,
+    names: &[String],
+    table: &Table,
+    progs: [(&str, &str); K],
+) -> Result<usize, String> {
+    let mut failures = 0;
+    println!("{}", table.header());
+    for name in names {
+        let (row, found) = against_c_row(out, reps, name, progs)?;
+        if !found {
+            eprintln!("bench: {name}: no round gave a result");
+            failures += 1;
+        }
+        println!("{}", table.row(&row));
+    }
+    Ok(failures)
+}
+
+/// A perftest workload's row, C first, and whether any round gave a
+/// result. Its cells: the name and unit, each program's median over the
+/// rounds (the files `NAME.FILE.ROUND` of `progs`, each a file name and
+/// how a message names it), then for the first program after C the median
+/// and range of its per-round ratios to C, for each further one their
+/// median. A round that misses a value is left out, and said so.
+fn against_c_row<const K: usize>(
+    out: &Out,
+    reps: u64,
+    name: &str,
+    progs: [(&str, &str); K],
+) -> Result<(Vec<String>, bool), String> {
+    let w = plan::workload(name)?;
+    let get = |i| progs.map(|(p, _)| column(&out.text(&format!("{name}.{p}.{i}")), w.size, w.col));
+    let cols = rounds(reps, get, |i, found| {
+        let said: Vec<String> = progs
+            .iter()
+            .zip(&found)
+            .map(|((_, who), v)| format!("{who} '{v}'"))
+            .collect();
+        eprintln!(
+            "bench: {name} round {i} left out: no result ({})",
+            said.join(", ")
+        );
+    });
+    let c = &cols[0];
+    let mut row = vec![name.to_string(), w.unit.to_string()];
+    row.extend(cols.iter().map(|v| med(v)));
+    for (k, other) in cols[1..].iter().enumerate() {
+        let q = per_round(other, c, r3);
+        row.push(med(&q));
+        if k == 0 {
+            row.push(range(&q));
+        }
+    }
+    Ok((row, !c.is_empty()))
 }
 
 /// `xtask bench async OUT REPS SHORT LONG CGREPS`: the async wait against

@@ -1,6 +1,7 @@
 //! The register line on `perf_reg`'s output of the guide's run.
 
-use super::{per_round, r3, register_line, rounds};
+use super::{against_c_row, per_round, r3, register_line, rounds};
+use crate::bench::Out;
 
 #[test]
 fn huge_against_small_pages() {
@@ -33,4 +34,64 @@ fn rounds_with_every_value_count() {
     assert_eq!(b, ["11.5", "13.5"]);
     assert_eq!(left, [(2, ["2.0".to_string(), String::new()])]);
     assert_eq!(per_round(&b, &a, r3), ["11.500", "4.500"]);
+}
+
+/// perftest's result line for `size`: t_typical (column 5) is `value`.
+fn result_line(size: &str, value: &str) -> String {
+    format!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]\n {size}       1000          1.00           9.00         {value}\n")
+}
+
+#[test]
+fn a_row_against_c() {
+    let dir = std::env::temp_dir().join(format!("xtask-timed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Three rounds of C, safe and raw; round 2's raw run gave no result.
+    let files = [
+        ("c", ["10.00", "12.00", "11.00"]),
+        ("safe", ["11.00", "13.20", "12.10"]),
+        ("raw", ["10.50", "", "11.00"]),
+    ];
+    for (prog, values) in files {
+        for (i, v) in values.iter().enumerate() {
+            let text = if v.is_empty() {
+                "error\n".to_string()
+            } else {
+                result_line("64", v)
+            };
+            std::fs::write(dir.join(format!("send_lat_64.{prog}.{}", i + 1)), text).unwrap();
+        }
+    }
+    let out = Out::new(dir.to_str().unwrap());
+    let progs = [("c", "C"), ("safe", "safe"), ("raw", "raw")];
+    let (row, found) = against_c_row(&out, 3, "send_lat_64", progs).unwrap();
+    assert!(found);
+    // Rounds 1 and 3 only: medians of two are their mean.
+    assert_eq!(
+        row,
+        [
+            "send_lat_64",
+            "usec",
+            "10.5",
+            "11.55",
+            "10.75",
+            "1.1",
+            "1.1..1.1",
+            "1.025"
+        ]
+    );
+    // Two programs (the hosts' table): every round counts, an odd
+    // median is the middle value as printed.
+    let (row, _) = against_c_row(&out, 3, "send_lat_64", [("c", "C"), ("safe", "Rust")]).unwrap();
+    assert_eq!(
+        row,
+        ["send_lat_64", "usec", "11.00", "12.10", "1.100", "1.1..1.1"]
+    );
+    // A workload with no file at all: no result, every cell "-".
+    let (row, found) =
+        against_c_row(&out, 3, "write_lat_64", [("c", "C"), ("rust", "Rust")]).unwrap();
+    assert!(!found);
+    assert_eq!(row, ["write_lat_64", "usec", "-", "-", "-", "-"]);
+    assert!(against_c_row(&out, 1, "no_such", progs).is_err());
+    std::fs::remove_dir_all(dir).unwrap();
 }
