@@ -15,7 +15,7 @@ use libtest_mimic::Failed;
 use rdma_verbs::qp::*;
 use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, QpType, QueuePair, WorkCompletion};
 
-use crate::common::{connect, deadline, Env, Test};
+use crate::common::{connect, deadline, poll_n, Env, Test};
 
 pub const TESTS: &[Test] = tests![
     two_send_chunks_lose_nothing,
@@ -138,28 +138,18 @@ struct Source {
 
 impl Source {
     fn next(&mut self, cq: &CompletionQueue, waiting_for: &str) -> Result<WorkCompletion, Failed> {
-        let (since, limit) = (Instant::now(), deadline());
-        let mut got: Vec<WorkCompletion> = Vec::new();
-        let want = if self.late_sends { 2 } else { 1 };
-        while self.held.is_empty() {
-            ensure!(
-                since.elapsed() < limit,
-                "{waiting_for}: nothing in {limit:?} ({:?} into the run)",
-                self.start.elapsed()
-            );
-            let mut wcs = [WorkCompletion::default(); 2];
-            let n = cq.poll(&mut wcs[..want - got.len()])?.len();
-            got.extend_from_slice(&wcs[..n]);
-            if n == 0 {
-                // Let the server thread run: valgrind runs one thread at
-                // a time, and a spinning poller starved it there.
-                std::thread::yield_now();
-            }
-            if got.len() == want {
-                // The reply first (the device gives either order).
-                got.sort_by_key(|wc| wc.request_kind() != Some(RequestKind::Recv));
-                self.held.extend(got.drain(..));
-            }
+        if self.held.is_empty() {
+            let want = if self.late_sends { 2 } else { 1 };
+            let mut got = poll_n(cq, want).map_err(|e| {
+                let into = self.start.elapsed();
+                Failed::from(format!(
+                    "{waiting_for} ({into:?} into the run): {}",
+                    e.message().unwrap_or("?")
+                ))
+            })?;
+            // The reply first (the device gives either order).
+            got.sort_by_key(|wc| wc.request_kind() != Some(RequestKind::Recv));
+            self.held.extend(got);
         }
         Ok(self.held.pop_front().unwrap_or_default())
     }
