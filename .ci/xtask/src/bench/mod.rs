@@ -14,7 +14,8 @@
 //! constant's comment names the function that fills its rows). To widen,
 //! rename or realign a column, edit its `l(..)`/`r(..)` entry there: the
 //! header and every row follow. To add or drop a column, edit the entry
-//! and the one `row(&[...])` call of the function named in the comment.
+//! and the cells of the row where the function named in the comment
+//! builds it.
 //! What runs in a table with a row per run (workloads, sizes) is in
 //! [`plan`] (`plan.rs`), which the scripts read through `xtask bench list`.
 //! Then `cd .ci/xtask && cargo test` (the tables' tests pin the guide's

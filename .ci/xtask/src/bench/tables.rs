@@ -64,7 +64,8 @@ impl Table {
     }
 }
 
-/// perftest against `perf` (safe and raw), per workload (`timed::perftest`).
+/// perftest against `perf` (safe and raw), per workload
+/// (`timed::perftest`, its rows `timed::against_c_row`).
 pub const PERFTEST: Table = Table {
     cols: &[
         l("workload", 13),
@@ -78,8 +79,8 @@ pub const PERFTEST: Table = Table {
     ],
 };
 
-/// perftest against `perf` between two hosts (`timed::hosts`, for
-/// `.ci/hosts-bench`).
+/// perftest against `perf` between two hosts (`timed::hosts` for
+/// `.ci/hosts-bench`, its rows `timed::against_c_row`).
 pub const HOSTS: Table = Table {
     cols: &[
         l("workload", 13),
