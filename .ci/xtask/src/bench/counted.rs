@@ -126,18 +126,7 @@ pub fn inplace(args: &[String]) -> Result<usize, String> {
 #[cfg(test)]
 mod unit {
     use super::*;
-
-    /// A folder of the files a part's runs leave.
-    pub fn folder(name: &str, files: &[(&str, &str)]) -> (std::path::PathBuf, Out) {
-        let dir = std::env::temp_dir().join(format!("xtask-bench-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for (f, text) in files {
-            std::fs::write(dir.join(f), text).unwrap();
-        }
-        let out = Out::new(dir.to_str().unwrap());
-        (dir, out)
-    }
+    use crate::bench::folder;
 
     const ANN: &str =
         " 2,158,000 (4.6%)  path.rs:<perf::path::Safe as perf::path::DataPath>::post [/p]\n\

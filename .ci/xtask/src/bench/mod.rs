@@ -138,3 +138,17 @@ pub fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> Resul
     v.parse()
         .map_err(|_| format!("{what}: not a number: {v:?}"))
 }
+
+/// For the tests: a folder of the files a part's runs leave, `files`
+/// written in it.
+#[cfg(test)]
+pub fn folder(name: &str, files: &[(&str, &str)]) -> (PathBuf, Out) {
+    let dir = std::env::temp_dir().join(format!("xtask-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (f, text) in files {
+        std::fs::write(dir.join(f), text).unwrap();
+    }
+    let out = Out::new(dir.to_str().unwrap());
+    (dir, out)
+}

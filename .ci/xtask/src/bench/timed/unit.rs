@@ -1,7 +1,7 @@
 //! The register line on `perf_reg`'s output of the guide's run.
 
 use super::{against_c_row, per_round, r3, register_line, rounds};
-use crate::bench::Out;
+use crate::bench::folder;
 
 #[test]
 fn huge_against_small_pages() {
@@ -43,26 +43,28 @@ fn result_line(size: &str, value: &str) -> String {
 
 #[test]
 fn a_row_against_c() {
-    let dir = std::env::temp_dir().join(format!("xtask-timed-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     // Three rounds of C, safe and raw; round 2's raw run gave no result.
-    let files = [
+    let runs = [
         ("c", ["10.00", "12.00", "11.00"]),
         ("safe", ["11.00", "13.20", "12.10"]),
         ("raw", ["10.50", "", "11.00"]),
     ];
-    for (prog, values) in files {
+    let mut files = Vec::new();
+    for (prog, values) in runs {
         for (i, v) in values.iter().enumerate() {
             let text = if v.is_empty() {
                 "error\n".to_string()
             } else {
                 result_line("64", v)
             };
-            std::fs::write(dir.join(format!("send_lat_64.{prog}.{}", i + 1)), text).unwrap();
+            files.push((format!("send_lat_64.{prog}.{}", i + 1), text));
         }
     }
-    let out = Out::new(dir.to_str().unwrap());
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(f, t)| (f.as_str(), t.as_str()))
+        .collect();
+    let (dir, out) = folder("timed", &files);
     let progs = [("c", "C"), ("safe", "safe"), ("raw", "raw")];
     let (row, found) = against_c_row(&out, 3, "send_lat_64", progs).unwrap();
     assert!(found);
